@@ -1,0 +1,62 @@
+"""Atomic writes: an interrupted stage leaves the previous output or none.
+
+Everything is built beside its destination (same filesystem, so the final
+``os.replace``/``rename`` is atomic) under a name no stage reads, then moved
+into place in one step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def write_text(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` through a temp file, fsync and rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; outputs are ordinary files
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def directory(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield an empty scratch directory that becomes ``path`` when the block ends
+    without an exception. An existing ``path`` is replaced only then; on any error
+    (or a kill) the scratch directory is all that is left, under a dot-name."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    os.chmod(scratch, 0o777 & ~_umask())
+    try:
+        yield scratch
+        if path.exists():
+            retired = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".old"))
+            os.replace(path, retired / path.name)
+            os.rename(scratch, path)
+            shutil.rmtree(retired)
+        else:
+            os.rename(scratch, path)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise

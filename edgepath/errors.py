@@ -1,0 +1,6 @@
+"""The one exception type the CLI turns into a clean message and exit status 2."""
+
+
+class EdgepathError(ValueError):
+    """Bad input or a refused operation. The message names the problem and, where
+    one exists, the fix; nothing was written that a later stage would trust."""

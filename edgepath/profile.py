@@ -1,0 +1,177 @@
+"""HardwareProfile: what a target device is, as the selector needs to know it.
+
+A profile is produced by ``edgepath.probe`` on the device itself (or from a
+captured snapshot of its ``/proc`` and ``/sys``), or written by hand for a
+device the pipeline cannot reach (a phone); ``source`` says which.
+
+``supports_bf16`` is about the processor that will run the model: the GPU when
+``accelerator`` is ``cuda_*`` (compute capability 8.0 or newer), the CPU
+otherwise (``avx512_bf16``/``amx_bf16`` on x86, ``bf16`` on Arm).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+from typing import Any
+
+from .errors import EdgepathError
+
+ACCELERATOR_PATTERN = re.compile(r"^(none|cuda_discrete|cuda_unified|npu:[a-z0-9_.-]+)$")
+
+# Flags the selector and the manifest summary care about; the profile keeps all.
+ISA_FLAGS_OF_INTEREST = (
+    "avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_tile", "amx_bf16",
+    "amx_int8", "neon", "dotprod", "i8mm", "bf16", "sve", "sve2", "sme",
+)
+
+# Field name -> accepted JSON shape. Checked on construction and in from_dict.
+_FIELD_KINDS = {
+    "arch": "str",
+    "cpu_vendor": "str",
+    "cpu_model": "str",
+    "cpu_flags": "str_list",
+    "n_physical": "int",
+    "n_logical": "int",
+    "numa_nodes": "int",
+    "ram_total_bytes": "int",
+    "ram_available_bytes": "int",
+    "kernel_release": "str",
+    "accelerator": "str",
+    "gpu_name": "opt_str",
+    "gpu_mem_bytes": "opt_int",
+    "gpu_compute_capability": "opt_str",
+    "npu_driver": "opt_str",
+    "supports_bf16": "bool",
+    "torch_amx_tile_supported": "opt_bool",
+    "source": "str",
+}
+
+# Read fresh on every probe; kept out of the digest so an unchanged device
+# keeps an unchanged identity (and DVC does not rebuild its artifacts).
+VOLATILE_FIELDS = ("ram_available_bytes",)
+
+
+def _kind_ok(kind: str, value: Any) -> bool:
+    if kind.startswith("opt_"):
+        if value is None:
+            return True
+        kind = kind[4:]
+    if kind == "str":
+        return isinstance(value, str)
+    if kind == "int":  # bool is an int in Python; a profile field never is
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind == "str_list":
+        return isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
+    raise AssertionError(kind)
+
+
+_KIND_WORDS = {
+    "str": "a string", "int": "a non-negative integer", "bool": "true or false",
+    "str_list": "a list of strings",
+}
+
+
+@dataclasses.dataclass
+class HardwareProfile:
+    arch: str = "unknown"
+    """``platform.machine()`` spelling: ``x86_64``, ``aarch64``."""
+    cpu_vendor: str = ""
+    cpu_model: str = ""
+    cpu_flags: list[str] = dataclasses.field(default_factory=list)
+    """Normalised ISA flags (see ``edgepath.probe.normalise_flags``), sorted."""
+    n_physical: int = 0
+    n_logical: int = 0
+    numa_nodes: int = 0
+    ram_total_bytes: int = 0
+    ram_available_bytes: int = 0
+    kernel_release: str = ""
+    accelerator: str = "none"
+    """``none``, ``cuda_discrete``, ``cuda_unified`` or ``npu:<vendor>``."""
+    gpu_name: str | None = None
+    gpu_mem_bytes: int | None = None
+    gpu_compute_capability: str | None = None
+    npu_driver: str | None = None
+    supports_bf16: bool = False
+    torch_amx_tile_supported: bool | None = None
+    """PyTorch's own AMX check on the probed host (None: not run, e.g. a snapshot).
+    False beside an ``amx_tile`` flag means the kernel does not grant AMX state."""
+    source: str = "hand-written"
+    """How this profile was obtained: ``probe:<host>``, ``snapshot:<dir>``, ``hand-written: ...``."""
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            kind = _FIELD_KINDS[f.name]
+            if not _kind_ok(kind, value):
+                word = _KIND_WORDS[kind.removeprefix("opt_")]
+                null = " or null" if kind.startswith("opt_") else ""
+                raise EdgepathError(
+                    f"profile field {f.name!r} must be {word}{null}, got {value!r} "
+                    f"({type(value).__name__})"
+                )
+        if not ACCELERATOR_PATTERN.match(self.accelerator):
+            raise EdgepathError(
+                f"profile field 'accelerator' must be none, cuda_discrete, cuda_unified or "
+                f"npu:<vendor>, got {self.accelerator!r}"
+            )
+        self.cpu_flags = sorted({flag.lower() for flag in self.cpu_flags})
+
+    def has_flag(self, flag: str) -> bool:
+        return flag in self.cpu_flags
+
+    def to_dict(self) -> dict[str, Any]:
+        from .records import envelope
+
+        return {**envelope("profile"), **dataclasses.asdict(self)}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> HardwareProfile:
+        """Build from a dict; unknown keys (a newer edgepath's) are ignored,
+        a known key with the wrong type is refused with the field named."""
+        if not isinstance(data, dict):
+            raise EdgepathError(f"a profile must be a JSON object, got {type(data).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    @classmethod
+    def from_json(cls, text: str) -> HardwareProfile:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise EdgepathError(f"profile is not valid JSON: {e}") from None
+        return cls.from_dict(data)
+
+    def stable_dict(self) -> dict[str, Any]:
+        """The fields that identify the device (everything but ``VOLATILE_FIELDS``)."""
+        d = dataclasses.asdict(self)
+        for name in VOLATILE_FIELDS:
+            d.pop(name)
+        return d
+
+    def digest(self) -> str:
+        canonical = json.dumps(self.stable_dict(), sort_keys=True, separators=(",", ":"))
+        return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+    def summary(self) -> dict[str, Any]:
+        """What the manifest shows of a device."""
+        return {
+            "arch": self.arch,
+            "cpu_model": self.cpu_model,
+            "isa": [f for f in ISA_FLAGS_OF_INTEREST if f in self.cpu_flags],
+            "n_physical": self.n_physical,
+            "n_logical": self.n_logical,
+            "ram_total_bytes": self.ram_total_bytes,
+            "accelerator": self.accelerator,
+            "gpu_name": self.gpu_name,
+            "gpu_mem_bytes": self.gpu_mem_bytes,
+            "supports_bf16": self.supports_bf16,
+            "source": self.source,
+        }

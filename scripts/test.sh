@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Set up (scripts/setup.sh) and run the whole test suite; extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+export PATH="$PWD/.venv/bin:$PATH" DVC_NO_ANALYTICS=1
+exec python -m pytest "$@"

