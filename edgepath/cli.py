@@ -21,6 +21,8 @@ stages, in pipeline order:
   model     bf16 Hugging Face directory of the model (or validate your own)
   probe     what a device really is (ISA flags, cores, memory, accelerators)
   select    the weight path that device's fastest kernel needs, and why
+  quantize  the 4-bit checkpoint of a weight path (GPTQ + output-error scale search)
+  check     a 4-bit checkpoint in real vLLM against its own weights and bf16
   manifest  every target's path and artifacts in manifest.json; `show` prints it
 
 run `edgepath <stage> --help` for each."""
@@ -102,10 +104,59 @@ def cmd_select(args: argparse.Namespace) -> None:
         sys.stdout.write(records.dumps(path.to_dict()))
 
 
+def cmd_quantize(args: argparse.Namespace) -> None:
+    import dataclasses
+
+    from . import fleet, model, quantize
+
+    model_dir = Path(args.model)
+    if model_dir.is_file():  # a model record: quantize the directory it names
+        model_dir = model.model_directory(model_dir, records.read(model_dir, "model"))
+    namespace = fleet.quantize_namespace(args.params) if Path(args.params).is_file() else {}
+    settings = quantize.Settings.from_params(namespace)
+    overrides = {k: v for k, v in (("samples", args.samples), ("length", args.length),
+                                   ("search", args.search), ("head", args.head)) if v is not None}
+    settings = quantize.Settings.checked(dataclasses.replace(settings, **overrides))
+    report = quantize.run(model_dir, args.path, args.out, settings)
+    fid = report["fidelity"]
+    ppl = (f", held-out perplexity {fid['perplexity_reference']:.2f} -> {fid['perplexity_quantized']:.2f}"
+           if fid["perplexity_quantized"] else "")
+    print(f"quantize: {args.path} ({report['format']['quant_method']}, group {report['format']['group_size']}, "
+          f"{report['bits_per_weight']:.3f} bits/weight, head {report['head']['stored']}){ppl}, "
+          f"{report['wall_time_s']:.0f} s -> {args.out}")
+
+
+def cmd_check(args: argparse.Namespace) -> None:
+    import torch
+    from transformers import AutoTokenizer
+
+    from . import engine_check
+    from .quant import calibration
+
+    tokenizer = AutoTokenizer.from_pretrained(args.checkpoint, local_files_only=True)
+    corpus = calibration.load_corpus(args.corpus, [args.holdout])
+    sequences = calibration.evaluation_set(tokenizer, corpus, engine_check.CHECK_WINDOWS,
+                                           engine_check.CHECK_LENGTH).tolist()
+    w4a8 = args.mode == "w4a8"
+    checked = engine_check.check(args.checkpoint, args.model, sequences, w4a8=w4a8,
+                                 force_w4a8=w4a8 and not torch.cpu._is_amx_tile_supported(),
+                                 reference_checkpoint=args.reference_from)
+    record = {**records.envelope("engine_check"), **checked}
+    _emit(records.dumps(record), args.out, "engine_check", record)
+    if args.out:
+        a = checked["against"]
+        print(f"check: {checked['activation_mode']} on {checked['kernel_op']} (ran: {checked['ran_kernel']}), "
+              f"top-1 vs dequantized {a['dequantized']['teacher_forced_top1_agreement']:.3f}, "
+              f"vs bf16 {a['bf16']['teacher_forced_top1_agreement']:.3f} -> "
+              f"{'passed' if checked['passed'] else 'FAILED'}")
+    if not checked["passed"]:
+        raise EdgepathError("the checkpoint failed its engine check (see the record)")
+
+
 def cmd_manifest_build(args: argparse.Namespace) -> None:
     from . import fleet, manifest
 
-    built = manifest.build(fleet.load(args.params), args.model, args.selections, args.out)
+    built = manifest.build(fleet.load(args.params), args.model, args.selections, args.out, args.weights)
     print(f"manifest: {len(built['targets'])} targets -> {args.out}")
 
 
@@ -182,6 +233,42 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="write the selection record here (default: print the path)")
     p.set_defaults(func=cmd_select)
 
+    p = _add(sub, "quantize", "write a weight path's 4-bit checkpoint", """\
+        Quantize the model into the checkpoint a weight path's kernel reads.
+
+        w4a8-amx: a GPTQ checkpoint (symmetric int4, v1 layout, no act-order) that
+        stock vLLM loads with quantization="gptq" and runs through its int4 x int8
+        CPU kernel. GPTQ error feedback with a per-group scale search on the
+        layer's output error, calibrated on real text (params.yaml: quantize).
+        OUT holds the weights, config, tokenizer and quantization_report.json.
+
+        example:  edgepath quantize --model build/model/hf --path w4a8-amx --out build/weights/w4a8-amx""")
+    p.add_argument("--model", required=True, help="Hugging Face directory, or a model record (model.json)")
+    p.add_argument("--path", required=True, help="weight path, e.g. w4a8-amx")
+    p.add_argument("--out", required=True, help="output directory (replaced atomically)")
+    p.add_argument("--params", default="params.yaml", help="settings from its 'quantize' namespace, if present")
+    p.add_argument("--samples", type=int, help="calibration samples (overrides params)")
+    p.add_argument("--length", type=int, help="calibration sample length in tokens (overrides params)")
+    p.add_argument("--search", help="scale search: output-error, weight-mse or none (overrides params)")
+    p.add_argument("--head", help="output head: int4 or bf16 (overrides params)")
+    p.set_defaults(func=cmd_quantize)
+
+    p = _add(sub, "check", "check a 4-bit checkpoint in real vLLM", """\
+        Load a 4-bit checkpoint in vLLM, record which kernel its layers ran, and compare
+        the engine's teacher-forced predictions on held-out text with (a) the
+        checkpoint's own weights dequantized in PyTorch and (b) the unquantized model.
+        Exit status 2 when (a)'s agreement is under the mode's threshold.
+
+        example:  edgepath check --checkpoint build/weights/w4a8-amx --model build/model/hf""")
+    p.add_argument("--checkpoint", required=True, help="the quantized directory")
+    p.add_argument("--model", required=True, help="the unquantized Hugging Face directory it came from")
+    p.add_argument("--mode", choices=("w4a8", "w4a16"), default="w4a8", help="VLLM_CPU_INT4_W4A8 on or off")
+    p.add_argument("--corpus", default="austen", help="corpus of the held-out text")
+    p.add_argument("--holdout", default="persuasion", help="held-out document to score on")
+    p.add_argument("--reference-from", help="dequantize (a) from this checkpoint instead")
+    p.add_argument("--out", help="write the record here (default: print it)")
+    p.set_defaults(func=cmd_check)
+
     p = _add(sub, "manifest", "build or show the manifest", """\
         Build manifest.json from the model record and every target's selection,
         or show it as a table with each target's rationale.""")
@@ -192,6 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--params", default="params.yaml")
     b.add_argument("--model", default="build/model/model.json")
     b.add_argument("--selections", default="build/selections")
+    b.add_argument("--weights", default="build/weights", help="where quantize@<path> wrote its checkpoints")
     b.add_argument("--out", default="manifest.json")
     b.set_defaults(func=cmd_manifest_build)
     s = _add(msub, "show", "print the manifest as a table", """\

@@ -46,6 +46,8 @@ class Target:
 class Params:
     model_source: str
     targets: dict[str, Target]
+    quantize: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """The ``quantize`` namespace as written; ``quantize.Settings.from_params`` checks it."""
 
     def target(self, tag: str) -> Target:
         if tag not in self.targets:
@@ -94,20 +96,36 @@ def parse(data: Any, root: str | Path = ".") -> Params:
             "params targets: expected a mapping of device tag -> {profile, priority, platform} "
             "(a mapping, not a list, so DVC's stage names stay stable)"
         )
+    quantize = data.get("quantize") or {}
+    if not isinstance(quantize, dict):
+        raise EdgepathError("params quantize: expected a mapping (see params.yaml's comments)")
     return Params(
         model_source=model["source"],
         targets={tag: _target(tag, spec, root) for tag, spec in targets.items()},
+        quantize=quantize,
     )
 
 
-def load(path: str | Path = "params.yaml") -> Params:
+def _read(path: Path) -> Any:
     import yaml
 
-    path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise EdgepathError(f"{path}: no such params file") from None
     except yaml.YAMLError as e:
         raise EdgepathError(f"{path}: not valid YAML ({e})") from None
-    return parse(data, root=path.parent)
+
+
+def load(path: str | Path = "params.yaml") -> Params:
+    path = Path(path)
+    return parse(_read(path), root=path.parent)
+
+
+def quantize_namespace(path: str | Path) -> dict[str, Any]:
+    """Only the ``quantize`` namespace of a params file (``edgepath quantize`` needs no fleet)."""
+    data = _read(Path(path))
+    namespace = data.get("quantize") if isinstance(data, dict) else None
+    if not isinstance(namespace or {}, dict):
+        raise EdgepathError(f"{path}: quantize: expected a mapping")
+    return namespace or {}

@@ -13,7 +13,10 @@ from typing import Any
 
 from . import __version__, records
 from .errors import EdgepathError
+from .engine_check import CHECK_NAME
 from .fleet import Params
+from .hf_model import sha256_file
+from .quantize import REPORT_NAME
 from .model import model_directory
 
 # Paths whose artifact is the model directory itself (nothing to quantize).
@@ -27,22 +30,56 @@ def _relative(path: Path, base: Path) -> str:
         return str(path.resolve())
 
 
-def _build(selection: dict[str, Any], model_record: dict[str, Any], model_dir: Path, base: Path):
+def _quantization_summary(report: dict[str, Any], check: dict[str, Any]) -> dict[str, Any]:
+    dequantized, bf16 = check["against"]["dequantized"], check["against"]["bf16"]
+    return {
+        "group_size": report["format"]["group_size"],
+        "group_size_reason": report["format"]["group_size_reason"],
+        "bits_per_weight": report["bits_per_weight"],
+        "head": report["head"]["stored"],
+        "search": report["algorithm"]["search"],
+        "calibration": {k: report["calibration"][k] for k in ("corpus", "samples", "length", "chat_samples")},
+        "perplexity": {"reference": report["fidelity"]["perplexity_reference"],
+                       "quantized": report["fidelity"]["perplexity_quantized"]},
+        "engine_check": {
+            "passed": check["passed"], "engine": check["engine"], "activation_mode": check["activation_mode"],
+            "kernel_op": check["kernel_op"], "ran_kernel": check["ran_kernel"],
+            "top1_vs_dequantized": dequantized["teacher_forced_top1_agreement"],
+            "top1_vs_bf16": bf16["teacher_forced_top1_agreement"],
+            "note": check["w4a8_gate_lifted"],
+        },
+    }
+
+
+def _build(selection: dict[str, Any], model_record: dict[str, Any], model_dir: Path, weights_dir: Path,
+           base: Path):
+    """(build state, artifacts, quantization summary or None) of one target."""
     stage = selection["path"]["build_with"].split()[0]
     if stage == _BUILT_BY_MODEL_STAGE:
         artifacts = [
             {"path": _relative(model_dir / f["path"], base), "size": f["size"], "sha256": f["sha256"]}
             for f in model_record["files"]
         ]
-        return {"state": "built", "detail": "the model stage's checkpoint, unquantized"}, artifacts
-    return {
-        "state": "pending",
-        "detail": f"built by the {stage} stage, which this pipeline does not run yet",
-    }, []
+        return {"state": "built", "detail": "the model stage's checkpoint, unquantized"}, artifacts, None
+    name = selection["path"]["name"]
+    built = weights_dir / name
+    if stage == "quantize" and (built / REPORT_NAME).is_file():
+        report = records.read(built / REPORT_NAME, "quantization")
+        if report["model"]["fingerprint"] != model_record["fingerprint"]:
+            raise EdgepathError(f"{built}: quantized from another model (fingerprint differs); re-run quantize@{name}")
+        check = records.read(built / CHECK_NAME, "engine_check")
+        artifacts = [{"path": _relative(f, base), "size": f.stat().st_size, "sha256": sha256_file(f)}
+                     for f in sorted(built.iterdir()) if f.is_file()]
+        return ({"state": "built", "detail": f"quantize@{name}: {report['format']['quant_method']} checkpoint, "
+                 f"engine check {'passed' if check['passed'] else 'FAILED'}"},
+                artifacts, _quantization_summary(report, check))
+    why = (f"add {name} to quantize.paths in params.yaml" if stage == "quantize"
+           else f"the {stage} stage does not exist in this pipeline yet")
+    return {"state": "pending", "detail": f"built by the {stage} stage; {why}"}, [], None
 
 
 def build(params: Params, model_record_path: str | os.PathLike, selections_dir: str | os.PathLike,
-          out: str | os.PathLike) -> dict[str, Any]:
+          out: str | os.PathLike, weights_dir: str | os.PathLike = "build/weights") -> dict[str, Any]:
     """Gather the fleet into a manifest record and write it atomically to ``out``."""
     model_record = records.read(model_record_path, "model")
     model_dir = model_directory(model_record_path, model_record)
@@ -55,7 +92,7 @@ def build(params: Params, model_record_path: str | os.PathLike, selections_dir: 
             raise EdgepathError(f"{path}: holds target {selection['tag']!r}, expected {tag!r}")
         if selection["model"]["fingerprint"] != model_record["fingerprint"]:
             raise EdgepathError(f"{path}: selected for another model (fingerprint differs); re-run select@{tag}")
-        build_state, artifacts = _build(selection, model_record, model_dir, base)
+        build_state, artifacts, quantization = _build(selection, model_record, model_dir, Path(weights_dir), base)
         targets.append({
             "tag": tag,
             "platform": selection["platform"],
@@ -64,6 +101,7 @@ def build(params: Params, model_record_path: str | os.PathLike, selections_dir: 
             "path": selection["path"],
             "build": build_state,
             "artifacts": artifacts,
+            **({"quantization": quantization} if quantization else {}),
         })
     manifest = {
         **records.envelope("manifest"),

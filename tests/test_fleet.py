@@ -18,9 +18,18 @@ def project(tmp_path):
 
 def test_shipped_params_are_valid():
     params = fleet.load(ROOT / "params.yaml")
-    assert list(params.targets) == ["host", "x86-avx2", "arm64-server", "phone-npu", "gpu-cuda"]
+    assert list(params.targets) == ["host", "xeon-amx", "x86-avx2", "arm64-server", "phone-npu", "gpu-cuda"]
     assert params.targets["host"].profile == fleet.PROBE
     assert params.model_source == "embedded"
+    assert params.quantize["paths"] == ["w4a8-amx"]
+
+
+def test_quantize_namespace_is_read_without_the_fleet(tmp_path):
+    (tmp_path / "p.yaml").write_text("quantize:\n  head: bf16\n")
+    assert fleet.quantize_namespace(tmp_path / "p.yaml") == {"head": "bf16"}
+    (tmp_path / "q.yaml").write_text("quantize: [1, 2]\n")
+    with pytest.raises(EdgepathError, match="quantize: expected a mapping"):
+        fleet.quantize_namespace(tmp_path / "q.yaml")
 
 
 def test_auto_platform_follows_the_architecture():

@@ -36,6 +36,12 @@ def repo(tmp_path_factory):
             shutil.copy2(ROOT / rel, dest / rel)
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
            "DVC_NO_ANALYTICS": "1"}
+    # a small calibration: the pipeline's wiring is under test here; the full-size
+    # quantization belongs to `scripts/run.sh` and benchmarks/quantize.py
+    params = yaml.safe_load((dest / "params.yaml").read_text())
+    params["quantize"]["calibration"].update(samples=8, length=64)
+    params["quantize"]["eval"].update(windows=2, length=128)
+    (dest / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     _run(["git", "init", "-q"], dest, env)
     log = _run(["dvc", "repro"], dest, env)
     return dest, env, log
@@ -46,7 +52,8 @@ def test_repro_writes_a_valid_manifest_naming_every_target(repo):
     fleet = yaml.safe_load((dest / "params.yaml").read_text())["targets"]
     m = records.read(dest / "manifest.json", "manifest")
     assert [t["tag"] for t in m["targets"]] == list(fleet)
-    for stage in ("model", *(f"{s}@{tag}" for s in ("probe", "select") for tag in fleet), "manifest"):
+    for stage in ("model", *(f"{s}@{tag}" for s in ("probe", "select") for tag in fleet),
+                  "quantize@w4a8-amx", "manifest"):
         assert f"Running stage '{stage}'" in log
     model_record = records.read(dest / "build/model/model.json", "model")
     assert m["model"]["fingerprint"] == model_record["fingerprint"]
@@ -55,6 +62,14 @@ def test_repro_writes_a_valid_manifest_naming_every_target(repo):
     assert by_tag["arm64-server"]["path"]["verified"] is False
     assert by_tag["arm64-server"]["platform"] == "linux/arm64"
     assert by_tag["x86-avx2"]["path"]["group_size"] == 64  # from SmolLM2's 576-wide layers
+    amx = by_tag["xeon-amx"]  # the one target whose path the quantize stage builds
+    assert amx["path"]["name"] == "w4a8-amx" and amx["build"]["state"] == "built"
+    assert amx["quantization"]["engine_check"]["passed"] is True
+    assert amx["quantization"]["engine_check"]["kernel_op"] == "_C::int4_scaled_mm_cpu"
+    assert {a["path"] for a in amx["artifacts"]} >= {
+        "build/weights/w4a8-amx/model.safetensors", "build/weights/w4a8-amx/quantization_report.json",
+        "build/weights/w4a8-amx/engine_check.json"}
+    assert by_tag["x86-avx2"]["build"]["state"] == "pending"  # w4a16: its format is not built yet
     gpu = by_tag["gpu-cuda"]
     assert gpu["build"]["state"] == "built"
     for artifact in gpu["artifacts"]:  # the bf16 checkpoint itself, hashed
@@ -64,7 +79,7 @@ def test_repro_writes_a_valid_manifest_naming_every_target(repo):
 def test_manifest_show_prints_every_target(repo):
     dest, env, _ = repo
     out = _run(["edgepath", "manifest", "show"], dest, env)
-    for tag in ("host", "x86-avx2", "arm64-server", "phone-npu", "gpu-cuda"):
+    for tag in ("host", "xeon-amx", "x86-avx2", "arm64-server", "phone-npu", "gpu-cuda"):
         assert f"\n{tag} " in out and f"\n{tag}: " in out
 
 
@@ -90,6 +105,7 @@ def test_changing_one_priority_reruns_only_that_target(repo):
         for tag in ("arm64-server", "phone-npu", "gpu-cuda"):
             assert f"Stage 'select@{tag}' didn't change, skipping" in log
         assert "Stage 'model' didn't change, skipping" in log
+        assert "Stage 'quantize@w4a8-amx' didn't change, skipping" in log
         m = records.read(dest / "manifest.json", "manifest")
         assert {t["tag"]: t["priority"] for t in m["targets"]}["x86-avx2"] == "fidelity"
     finally:
@@ -107,5 +123,5 @@ def test_stale_selection_is_refused(repo, tmp_path):
     (sel / "gpu-cuda.json").write_text(json.dumps(record))
     with pytest.raises(EdgepathError, match="another model"):
         manifest.build(fleet.load(dest / "params.yaml"), dest / "build/model/model.json", sel,
-                       tmp_path / "manifest.json")
+                       tmp_path / "manifest.json", dest / "build/weights")
     assert not (tmp_path / "manifest.json").exists()

@@ -1,0 +1,129 @@
+"""Benchmark: how faithful each 4-bit quantizer variant is, on the default model.
+
+    .venv/bin/python benchmarks/quantize.py            # ~25 min on 2 cores
+
+For bf16 and each variant (plain symmetric GPTQ, GPTQ + weight-MSE scale
+search, GPTQ + output-error scale search with a 4-bit and with a bf16 head), it
+runs the real quantize stage (`edgepath quantize`, engine check included) in
+its own process and reports: held-out perplexity (Persuasion, 16 x 512
+tokens), how many of the 12 fixed prompts are reproduced token for token
+against bf16 over 64 greedy tokens and the mean identical leading tokens, in
+PyTorch on the dequantized weights and in vLLM's W4A8 kernel, the engine's
+teacher-forced top-1 agreement, GPTQ wall time and the process's peak RSS.
+Results go to benchmarks/results/quantize.{json,csv} (`dvc plots show`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VARIANTS = (  # name, search, head
+    ("gptq-plain", "none", "int4"),
+    ("gptq-weight-mse", "weight-mse", "int4"),
+    ("gptq-output-error", "output-error", "int4"),
+    ("gptq-output-error-bf16-head", "output-error", "bf16"),
+)
+
+
+def quantize(model_record: Path, out: Path, search: str, head: str, samples: int, length: int) -> int:
+    """Run the stage; returns the child's peak RSS in bytes (``wait4``: that child only)."""
+    cmd = [str(Path(sys.executable).parent / "edgepath"), "quantize", "--model", str(model_record),
+           "--path", "w4a8-amx", "--out", str(out), "--search", search, "--head", head,
+           "--samples", str(samples), "--length", str(length), "--params", str(ROOT / "params.yaml")]
+    child = subprocess.Popen(cmd)
+    _, status, usage = os.wait4(child.pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed")
+    return usage.ru_maxrss * 1024
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--samples", type=int, default=128)
+    parser.add_argument("--length", type=int, default=256)
+    parser.add_argument("--work", default=str(ROOT / "build" / "bench"))
+    parser.add_argument("--results", default=str(ROOT / "benchmarks" / "results"))
+    args = parser.parse_args()
+
+    model_record = ROOT / "build" / "model" / "model.json"
+    if not model_record.is_file():
+        subprocess.run([str(Path(sys.executable).parent / "edgepath"), "model", "--out", str(model_record.parent)],
+                       check=True)
+    work = Path(args.work)
+    peaks = {}
+    for name, search, head in VARIANTS:
+        print(f"\n== {name}: quantize (search {search}, head {head}) ==", file=sys.stderr, flush=True)
+        peaks[name] = quantize(model_record, work / name, search, head, args.samples, args.length)
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from edgepath import records
+    from edgepath.engine_check import dequantized_reference
+    from edgepath.prompts import fixed_prompt_ids
+    from edgepath.quant.evaluate import common_prefix, greedy
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    hf = model_record.parent / "hf"
+    tokenizer = AutoTokenizer.from_pretrained(hf)
+    prompts = fixed_prompt_ids(tokenizer)
+    bf16 = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
+    reference = [greedy(bf16, p, 64) for p in prompts]
+
+    rows = []
+    first = records.read(work / VARIANTS[0][0] / "quantization_report.json", "quantization")
+    rows.append({"variant": "bf16", "perplexity": round(first["fidelity"]["perplexity_reference"], 2),
+                 "torch_identical_of_12": 12, "torch_mean_leading": 64.0})
+    for name, search, head in VARIANTS:
+        d = work / name
+        report = records.read(d / "quantization_report.json", "quantization")
+        check = records.read(d / "engine_check.json", "engine_check")
+        model = dequantized_reference(d, hf)
+        outs = [greedy(model, p, 64) for p in prompts]
+        prefixes = [common_prefix(o, r) for o, r in zip(outs, reference)]
+        vs_bf16 = check["against"]["bf16"]["greedy"]
+        rows.append({
+            "variant": name, "search": search, "head": head,
+            "perplexity": round(report["fidelity"]["perplexity_quantized"], 2),
+            "torch_identical_of_12": sum(p == 64 for p in prefixes),
+            "torch_mean_leading": round(sum(prefixes) / len(prefixes), 1),
+            "vllm_w4a8_identical_of_12": vs_bf16["identical"],
+            "vllm_w4a8_mean_leading": round(vs_bf16["mean_identical_leading_tokens"], 1),
+            "vllm_w4a8_top1_vs_bf16": check["against"]["bf16"]["teacher_forced_top1_agreement"],
+            "vllm_w4a8_top1_vs_dequantized": check["against"]["dequantized"]["teacher_forced_top1_agreement"],
+            "bits_per_weight": report["bits_per_weight"],
+            "gptq_time_s": report["gptq_time_s"],
+            "peak_rss_gib": round(peaks[name] / 2**30, 2),
+        })
+        del model
+
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in columns}
+    print("\n" + "  ".join(c.ljust(widths[c]) for c in columns))
+    for r in rows:
+        print("  ".join(str(r.get(c, "")).ljust(widths[c]) for c in columns))
+
+    results = Path(args.results)
+    results.mkdir(parents=True, exist_ok=True)
+    meta = {"command": "python benchmarks/quantize.py" + (
+                "" if (args.samples, args.length) == (128, 256) else f" --samples {args.samples} --length {args.length}"),
+            "date": time.strftime("%Y-%m-%d"), "load_average": os.getloadavg(), "cpus": os.cpu_count(),
+            "calibration": first["calibration"], "versions": first["versions"]}
+    (results / "quantize.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    with open(results / "quantize.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f"\nresults -> {results}/quantize.json, quantize.csv (load average {meta['load_average']})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,212 @@
+"""The quantizer's parts on small tensors: the GPTQ v1 layout, GPTQ with its scale
+search, the Hessian, calibration sets, settings and up-front refusals."""
+
+import shutil
+
+import pytest
+import torch
+
+from edgepath import quantize
+from edgepath.errors import EdgepathError
+from edgepath.quant import calibration
+from edgepath.quant.gptq import (SEARCHES, HessianAccumulator, group_aware_order, quantize_layer,
+                                 representable_scales)
+from edgepath.quant.gptq_format import GptqV1Int4
+
+from .conftest import write_tiny_llama
+
+
+def _codes_and_scales(n=16, k=64, groups=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 16, (n, k), generator=g, dtype=torch.int32)
+    scales = representable_scales(torch.rand(n, groups, generator=g) * 0.1 + 0.01)
+    return codes, scales
+
+
+def test_layout_round_trips_codes_scales_and_dequantizes_with_zero_8():
+    codes, scales = _codes_and_scales()
+    layer = GptqV1Int4.pack(codes, scales)
+    assert layer.qweight.shape == (64 // 8, 16) and layer.qweight.dtype == torch.int32
+    assert layer.scales.shape == (2, 16) and layer.scales.dtype == torch.float16
+    assert layer.qzeros.shape == (2, 16 // 8)
+    assert torch.equal(layer.g_idx, torch.arange(64, dtype=torch.int32) // 32)
+    assert torch.equal(layer.codes(), codes)
+    want = (codes.float() - 8) * scales.repeat_interleave(32, dim=1)
+    assert torch.equal(layer.dequantize(), want)
+
+
+def test_layout_puts_row_8r_plus_i_in_nibble_i_and_stores_zero_minus_one():
+    codes = torch.zeros(8, 16, dtype=torch.int32)
+    codes[0, 3] = 0xF  # weight [out 0, in 3]: qweight row 0, nibble 3
+    codes[0, 15] = 0x9  # in 15 = 8*1 + 7: qweight row 1, nibble 7 (sets the sign bit)
+    layer = GptqV1Int4.pack(codes, torch.ones(8, 1))
+    assert layer.qweight[0, 0].item() == 0xF << 12
+    assert layer.qweight[1, 0].item() == (0x9 << 28) - 2**32  # two's complement int32
+    assert (layer.qzeros == 0x77777777).all()  # v1: zero 8 stored as 7 in every nibble
+    assert (layer.zeros() == 8).all()
+
+
+def test_layout_refuses_what_it_cannot_store_exactly():
+    codes, scales = _codes_and_scales()
+    with pytest.raises(AssertionError, match="fp16"):
+        GptqV1Int4.pack(codes, scales + 1e-7)
+    with pytest.raises(AssertionError, match="0..15"):
+        GptqV1Int4.pack(codes + 1, scales)
+    layer = GptqV1Int4.pack(codes, scales)
+    tensors = layer.tensors("x")
+    tensors["x.g_idx"] = tensors["x.g_idx"].flip(0)
+    with pytest.raises(ValueError, match="act-order"):
+        GptqV1Int4.from_tensors(tensors, "x")
+
+
+def test_hessian_accumulates_batches_like_one_pass():
+    x = torch.randn(3, 50, 16, dtype=torch.float64)
+    acc = HessianAccumulator(16)
+    for batch in x:
+        acc.add(batch)
+    flat = x.reshape(-1, 16)
+    assert torch.allclose(acc.h, 2 / flat.shape[0] * flat.t() @ flat)
+
+
+def test_group_aware_order_keeps_groups_whole_and_puts_important_ones_first():
+    diag = torch.tensor([1.0, 2, 9, 8, 0.5, 0.1, 3, 4])
+    perm = group_aware_order(diag, 2)
+    assert sorted(perm.tolist()) == list(range(8))
+    groups = perm.view(4, 2) // 2
+    assert (groups[:, 0] == groups[:, 1]).all()  # each group stays contiguous
+    assert groups[:, 0].tolist() == [1, 3, 0, 2]  # by total importance 17, 7, 3, 0.6
+    assert perm[:2].tolist() == [2, 3]  # and by importance inside a group
+
+
+def _correlated_layer(n=64, k=128, rows=2048, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    mix = torch.randn(k, k, generator=g) / k**0.5 + torch.eye(k)
+    scale = torch.logspace(-1, 1, k)  # a few input channels dominate, as in real activations
+    x = (torch.randn(rows, k, generator=g) @ mix) * scale
+    w = torch.randn(n, k, generator=g) * 0.05
+    acc = HessianAccumulator(k)
+    acc.add(x)
+    return w, x, acc.h
+
+
+def _output_error(w, q, x):
+    return ((x @ (w - q).t()) ** 2).mean().item()
+
+
+def test_gptq_and_the_output_error_search_each_lower_the_output_error():
+    w, x, h = _correlated_layer()
+    group = 32
+    absmax = w.view(64, -1, group).abs().amax(-1, keepdim=True)
+    s = representable_scales(absmax / 7.5)
+    rtn = ((torch.clamp(torch.round(w.view(64, -1, group) / s) + 8, 0, 15) - 8) * s).view(64, -1)
+    plain = quantize_layer(w, h, group, SEARCHES["none"]).dequantize()
+    searched = quantize_layer(w, h, group, SEARCHES["output-error"]).dequantize()
+    e_rtn, e_plain, e_search = (_output_error(w, q, x) for q in (rtn, plain, searched))
+    assert e_plain < 0.8 * e_rtn
+    assert e_search < e_plain
+
+
+def test_quantized_layer_is_on_the_grid_with_exact_scales_and_recorded_ratios():
+    w, _, h = _correlated_layer()
+    q = quantize_layer(w, h, 32, SEARCHES["output-error"])
+    assert q.codes.shape == w.shape and int(q.codes.min()) >= 0 and int(q.codes.max()) <= 15
+    assert torch.equal(q.scales.to(torch.float16).float(), q.scales)
+    assert torch.equal(q.scales.to(torch.bfloat16).float(), q.scales)
+    assert q.ratios.min() >= 0.80 and q.ratios.max() <= 1.10
+    assert (q.ratios != 1.0).any()  # the search moved some scales
+    GptqV1Int4.pack(q.codes, q.scales)  # packs without loss
+
+
+def test_search_names_in_settings_match_the_algorithms():
+    assert set(quantize.SEARCH_NAMES) == set(SEARCHES)
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"colour": 1}, "unknown keys"),
+    ({"calibration": {"samples": "many"}}, "samples must be int"),
+    ({"calibration": {"holdout": "persuasion"}}, "list of document names"),
+    ({"gptq": {"search": "magic"}}, "search must be one of"),
+    ({"gptq": {"damp": 2}}, "damp must be in"),
+    ({"head": "int8"}, "head must be one of"),
+    ({"gptq": {"group_order": "yes"}}, "group_order must be bool"),
+])
+def test_settings_refuse_wrong_fields(params, message):
+    with pytest.raises(EdgepathError, match=message):
+        quantize.Settings.from_params(params)
+
+
+def test_settings_read_the_shipped_params():
+    import yaml
+
+    from .conftest import ROOT
+
+    namespace = yaml.safe_load((ROOT / "params.yaml").read_text())["quantize"]
+    settings = quantize.Settings.from_params(namespace)
+    assert settings.search == "output-error" and settings.holdout == ("persuasion",)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(default_model):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(default_model / "hf")
+
+
+def test_calibration_is_drawn_from_calibration_documents_only_and_recorded(tokenizer):
+    corpus = calibration.load_corpus("austen", ["persuasion"])
+    assert "persuasion" not in corpus.calibration and set(corpus.holdout) == {"persuasion"}
+    calib = calibration.calibration_set(tokenizer, corpus, samples=8, length=64, chat_fraction=0.25, seed=1)
+    assert calib.tokens.shape == (8, 64) and calib.chat_samples == 2
+    again = calibration.calibration_set(tokenizer, corpus, samples=8, length=64, chat_fraction=0.25, seed=1)
+    assert torch.equal(calib.tokens, again.tokens)
+    record = calib.record
+    assert record["held_out"] == ["persuasion"] and record["samples"] == 8 and record["length"] == 64
+    im_start = tokenizer.convert_tokens_to_ids("<|im_start|>")
+    assert sum(im_start in row for row in calib.tokens.tolist()) == 2  # the chat-formatted ones
+    held_out_text = set(calibration.evaluation_set(tokenizer, corpus, 4, 64).flatten().tolist())
+    assert held_out_text  # and evaluation windows come from the held-out novel
+    with pytest.raises(EdgepathError, match="not in it"):
+        calibration.load_corpus("austen", ["ulysses"])
+
+
+def test_a_corpus_too_short_is_refused_with_its_name(tokenizer, tmp_path):
+    (tmp_path / "notes.txt").write_text("Only a few words here. " * 20)
+    (tmp_path / "eval.txt").write_text("Held out. " * 20)
+    corpus = calibration.load_corpus(str(tmp_path), ["eval"])
+    with pytest.raises(EdgepathError, match=f"{tmp_path} is too short: .* 64 were asked for"):
+        calibration.calibration_set(tokenizer, corpus, samples=64, length=128, chat_fraction=0, seed=0)
+
+
+def test_chat_calibration_without_a_chat_template_is_refused(tokenizer):
+    import copy
+
+    plain = copy.deepcopy(tokenizer)
+    plain.chat_template = None
+    corpus = calibration.load_corpus("austen", ["persuasion"])
+    with pytest.raises(EdgepathError, match="no chat template"):
+        calibration.calibration_set(plain, corpus, samples=4, length=32, chat_fraction=0.5, seed=0)
+    assert calibration.calibration_set(plain, corpus, samples=4, length=32, chat_fraction=0, seed=0)
+
+
+def test_quantize_refuses_bad_input_up_front_and_writes_nothing(default_model, tmp_path):
+    hf = default_model / "hf"
+    out = tmp_path / "out"
+    with pytest.raises(EdgepathError, match="plugin"):
+        quantize.run(hf, "w4a16-tinygemm", out)
+    with pytest.raises(EdgepathError, match="no 4-bit checkpoint"):
+        quantize.run(hf, "bf16", out)
+    odd = write_tiny_llama(tmp_path / "odd", hf, intermediate_size=72)
+    with pytest.raises(EdgepathError, match=r"layer model\.layers\.0\.mlp\.(down|gate|up)_proj .*multiple of 32"):
+        quantize.run(odd, "w4a8-amx", out)
+    corrupt = tmp_path / "corrupt"
+    shutil.copytree(hf, corrupt)
+    weights = corrupt / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: 1 << 20])  # truncated mid-tensor
+    with pytest.raises(EdgepathError, match="model.safetensors"):
+        quantize.run(corrupt, "w4a8-amx", out)
+    notok = tmp_path / "no-tokenizer"
+    shutil.copytree(hf, notok)
+    (notok / "tokenizer.json").unlink()
+    with pytest.raises(EdgepathError, match="tokenizer"):
+        quantize.run(notok, "w4a8-amx", out)
+    assert not out.exists() and not any(p.name.startswith(".out") for p in tmp_path.iterdir())

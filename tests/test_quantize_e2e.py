@@ -1,0 +1,108 @@
+"""The quantize stage end to end on the default model, and its checkpoint in real vLLM.
+
+One checkpoint is built per session (``w4a8_checkpoint``); each engine run below
+is a separate ``edgepath`` process, as in the pipeline.
+"""
+
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from edgepath import records
+from edgepath.quant.gptq_format import GptqV1Int4
+
+from .conftest import edgepath_command
+
+pytestmark = pytest.mark.e2e
+
+
+def test_checkpoint_is_standard_gptq_v1_with_a_complete_config(w4a8_checkpoint, default_model):
+    config = json.loads((w4a8_checkpoint / "config.json").read_text())
+    q = config["quantization_config"]
+    assert (q["quant_method"], q["bits"], q["group_size"], q["sym"], q["desc_act"], q["lm_head"]) == \
+        ("gptq", 4, 64, True, False, True)
+    assert config["tie_word_embeddings"] is False  # the head is quantized, the table is not
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+        assert (w4a8_checkpoint / name).read_bytes() == (default_model / "hf" / name).read_bytes()
+    with safe_open(w4a8_checkpoint / "model.safetensors", "pt") as f:
+        names = set(f.keys())
+        tensors = {n: f.get_tensor(n) for n in names if n.startswith(("model.layers.0.mlp.down_proj", "lm_head"))}
+        embed = f.get_tensor("model.embed_tokens.weight")
+    assert embed.dtype == torch.bfloat16
+    assert not any(n.endswith("proj.weight") for n in names)  # every block linear is 4-bit
+    assert sum(n.endswith(".qweight") for n in names) == 30 * 7 + 1
+    down = GptqV1Int4.from_tensors(tensors, "model.layers.0.mlp.down_proj")
+    assert down.qweight.shape == (1536 // 8, 576) and down.scales.shape == (1536 // 64, 576)
+    assert (down.qzeros == 0x77777777).all()  # zero 8 in the v1 form
+    assert GptqV1Int4.from_tensors(tensors, "lm_head").qweight.shape == (576 // 8, 49152)
+
+
+def test_report_records_calibration_storage_and_fidelity(w4a8_checkpoint):
+    report = records.read(w4a8_checkpoint / "quantization_report.json", "quantization")
+    assert report["format"]["group_size"] == 64 and "128" in report["format"]["group_size_reason"]
+    calib = report["calibration"]
+    assert (calib["corpus"], calib["samples"], calib["length"], calib["held_out"]) == \
+        ("austen", 16, 128, ["persuasion"])
+    # bits per weight from the stored tensors: codes, fp16 scales per 64, zeros, g_idx
+    with safe_open(w4a8_checkpoint / "model.safetensors", "pt") as f:
+        stored = sum(f.get_tensor(n).numel() * f.get_tensor(n).element_size() * 8
+                     for n in f.keys() if n.rsplit(".", 1)[1] in ("qweight", "qzeros", "scales", "g_idx"))
+        weights = sum(f.get_tensor(n).numel() * 8 for n in f.keys() if n.endswith(".qweight"))
+    assert report["bits_per_weight"] == pytest.approx(stored / weights, abs=1e-4)
+    assert 4.3 < report["bits_per_weight"] < 4.4
+    assert len(report["tensors"]) == 211
+    for name, t in report["tensors"].items():
+        assert t["weight_snr_db"] > 10, name
+        assert 0.8 <= t["search_ratio"]["min"] <= t["search_ratio"]["max"] <= 1.1
+    fid = report["fidelity"]
+    assert fid["perplexity_reference"] < fid["perplexity_quantized"] < 1.5 * fid["perplexity_reference"]
+    assert set(report["versions"]) >= {"edgepath", "torch", "transformers"}
+
+
+def test_engine_ran_the_w4a8_kernel_and_matches_the_dequantized_weights(w4a8_checkpoint):
+    check = records.read(w4a8_checkpoint / "engine_check.json", "engine_check")
+    assert check["passed"] and check["ran_kernel"]
+    assert check["env"] == {"VLLM_CPU_INT4_W4A8": "1"}
+    assert "_C::int4_scaled_mm_cpu" in check["ops_seen"] and "_C::cpu_gemm_wna16" not in check["ops_seen"]
+    assert check["layer_modes"] == [{"method": "AutoGPTQLinearMethod", "use_w4a8": True, "layers": 121}]
+    against = check["against"]
+    assert against["dequantized"]["teacher_forced_top1_agreement"] >= 0.75
+    # the quantization itself costs agreement with bf16; the kernel must not add more than it
+    assert against["bf16"]["teacher_forced_top1_agreement"] < against["dequantized"]["teacher_forced_top1_agreement"]
+
+
+def test_the_same_checkpoint_in_w4a16_mode_is_at_the_bf16_noise_floor(w4a8_checkpoint, default_model, tmp_path):
+    out = tmp_path / "check.json"
+    edgepath_command("check", "--checkpoint", str(w4a8_checkpoint), "--model", str(default_model / "hf"),
+                     "--mode", "w4a16", "--out", str(out))
+    check = records.read(out, "engine_check")
+    assert check["passed"] and "_C::cpu_gemm_wna16" in check["ops_seen"]
+    assert "_C::int4_scaled_mm_cpu" not in check["ops_seen"]
+    assert check["against"]["dequantized"]["teacher_forced_top1_agreement"] >= 0.90
+
+
+def test_a_checkpoint_in_another_convention_fails_the_check(w4a8_checkpoint, default_model, tmp_path):
+    """A writer that packs nibbles high-first: the file loads and vLLM writes text, but
+    from other weights than the writer meant; only the dequantized reference (the
+    writer's intended weights) exposes it."""
+    from safetensors.torch import load_file, save_file
+    import shutil
+
+    wrong = tmp_path / "nibbles-high-first"
+    shutil.copytree(w4a8_checkpoint, wrong)
+    tensors = load_file(wrong / "model.safetensors")
+    for name, t in tensors.items():
+        if name.endswith(".qweight"):
+            words = t.to(torch.int64) & 0xFFFFFFFF
+            flipped = sum(((words >> (4 * i)) & 0xF) << (4 * (7 - i)) for i in range(8))
+            tensors[name] = torch.where(flipped >= 2**31, flipped - 2**32, flipped).to(torch.int32)
+    save_file(tensors, str(wrong / "model.safetensors"), metadata={"format": "pt"})
+    out = tmp_path / "check.json"
+    done = edgepath_command("check", "--checkpoint", str(wrong), "--model", str(default_model / "hf"),
+                            "--reference-from", str(w4a8_checkpoint), "--out", str(out), check=False)
+    assert done.returncode == 2, done.stderr[-2000:]
+    check = records.read(out, "engine_check")
+    assert check["ran_kernel"] and not check["passed"]
+    assert check["against"]["dequantized"]["teacher_forced_top1_agreement"] < 0.5
