@@ -127,19 +127,14 @@ def cmd_quantize(args: argparse.Namespace) -> None:
 
 
 def cmd_check(args: argparse.Namespace) -> None:
-    import torch
     from transformers import AutoTokenizer
 
     from . import engine_check
     from .quant import calibration
 
     tokenizer = AutoTokenizer.from_pretrained(args.checkpoint, local_files_only=True)
-    corpus = calibration.load_corpus(args.corpus, [args.holdout])
-    sequences = calibration.evaluation_set(tokenizer, corpus, engine_check.CHECK_WINDOWS,
-                                           engine_check.CHECK_LENGTH).tolist()
-    w4a8 = args.mode == "w4a8"
-    checked = engine_check.check(args.checkpoint, args.model, sequences, w4a8=w4a8,
-                                 force_w4a8=w4a8 and not torch.cpu._is_amx_tile_supported(),
+    sequences = engine_check.check_sequences(tokenizer, calibration.load_corpus(args.corpus, [args.holdout]))
+    checked = engine_check.check(args.checkpoint, args.model, sequences, w4a8=args.mode == "w4a8",
                                  reference_checkpoint=args.reference_from)
     record = {**records.envelope("engine_check"), **checked}
     _emit(records.dumps(record), args.out, "engine_check", record)

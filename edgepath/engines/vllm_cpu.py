@@ -9,10 +9,11 @@ W4A8 without AMX: vLLM gates its int4 x int8 kernel (``_C::int4_scaled_mm_cpu``)
 on ``torch.cpu._is_amx_tile_supported()`` when a GPTQ layer is loaded. The
 kernel itself dispatches on the CPU it finds and runs on AVX512-VNNI (measured
 here on an AMD EPYC without AMX: layer outputs at 41-42 dB SNR against the
-dequantized weights for 1 to 16 rows). ``force_w4a8=True`` lifts that gate for
-the GPTQ layers' weight processing only, so the W4A8 checkpoint convention can
-be checked in the real kernel on such a host; patching the flag globally
-crashed the engine (other components take AMX-only paths from it).
+dequantized weights for 1 to 16 rows). On such a host ``VllmCpu`` in W4A8 mode
+lifts that gate for the GPTQ layers' weight processing only, so the W4A8
+checkpoint convention can be checked in the real kernel, and says so in
+``w4a8_gate_lifted``; patching the flag globally crashed the engine (other
+components take AMX-only paths from it).
 """
 
 from __future__ import annotations
@@ -57,13 +58,14 @@ def _w4a8_gate_lifted() -> Iterator[None]:
 class VllmCpu:
     """One engine over one checkpoint. ``w4a8``: the value of ``VLLM_CPU_INT4_W4A8``."""
 
-    def __init__(self, model_dir: str, quantization: str | None, w4a8: bool, force_w4a8: bool = False,
+    def __init__(self, model_dir: str, quantization: str | None, w4a8: bool,
                  max_model_len: int = 1024, enforce_eager: bool = True) -> None:
         os.environ.update(_ENGINE_ENV)
         os.environ["VLLM_CPU_INT4_W4A8"] = "1" if w4a8 else "0"
+        import torch
         from vllm import LLM
 
-        self.w4a8_gate_lifted = bool(force_w4a8 and w4a8)
+        self.w4a8_gate_lifted = w4a8 and not torch.cpu._is_amx_tile_supported()
         with _w4a8_gate_lifted() if self.w4a8_gate_lifted else contextlib.nullcontext():
             self.llm = LLM(model=model_dir, quantization=quantization, dtype="bfloat16", seed=0,
                            max_model_len=max_model_len, enforce_eager=enforce_eager)

@@ -117,9 +117,7 @@ def calibration_set(tokenizer, corpus: Corpus, samples: int, length: int,
         raise EdgepathError("chat calibration was asked for (chat_fraction > 0) but the model's tokenizer "
                             "has no chat template; set quantize.calibration.chat_fraction: 0")
     stream = _token_stream(tokenizer, corpus.calibration)
-    # a chat sample wraps a shorter passage: the template adds its own tokens
-    slot = length
-    available = len(stream) // slot
+    available = len(stream) // length
     if available < samples:
         raise EdgepathError(
             f"calibration corpus {corpus.name} is too short: {len(stream)} tokens hold {available} "
@@ -129,7 +127,7 @@ def calibration_set(tokenizer, corpus: Corpus, samples: int, length: int,
     rng.shuffle(starts)
     rows = []
     for i, start in enumerate(starts):
-        window = stream[start * slot:(start + 1) * slot]
+        window = stream[start * length:(start + 1) * length]
         if i < chat:
             ids = _chat_sample(tokenizer, window, length)
             if len(ids) < length:  # the template fills most; top up from the passage

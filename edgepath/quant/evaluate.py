@@ -1,6 +1,6 @@
-"""Fidelity measurements on a PyTorch model: held-out perplexity, teacher-forced
-logits and greedy continuations. Used by the quantization report, the engine
-verification and the benchmarks."""
+"""Fidelity measurements on a PyTorch model: held-out perplexity and greedy
+continuations. Used by the quantization report, the engine check and the
+benchmarks."""
 
 from __future__ import annotations
 
@@ -23,24 +23,10 @@ def perplexity(model, windows: torch.Tensor, batch_size: int = 4) -> float:
 
 
 @torch.no_grad()
-def teacher_forced_logits(model, ids: list[int]) -> torch.Tensor:
-    """[len(ids), vocab] fp32 logits of one sequence."""
-    return model(input_ids=torch.tensor([ids]), use_cache=False).logits[0].float()
-
-
-@torch.no_grad()
 def greedy(model, ids: list[int], new_tokens: int) -> list[int]:
     out = model.generate(input_ids=torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                          max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
     return out[0, len(ids):].tolist()
-
-
-def logit_agreement(reference: torch.Tensor, candidate: torch.Tensor) -> dict[str, float]:
-    """Top-1 agreement and logit SNR (dB) of ``candidate`` against ``reference``, both [T, V]."""
-    top1 = (reference.argmax(-1) == candidate.argmax(-1)).float().mean().item()
-    noise = (reference - candidate).double().pow(2).sum().item()
-    snr = math.inf if noise == 0 else 10 * math.log10(reference.double().pow(2).sum().item() / noise)
-    return {"top1_agreement": top1, "logit_snr_db": snr}
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
