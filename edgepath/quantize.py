@@ -16,11 +16,15 @@ Lifecycle of ``run(model_dir, path, out, settings)``:
 5. Check the written checkpoint in real vLLM against its dequantized weights
    and the unquantized model (``engine_check``), into ``engine_check.json``.
    A checkpoint that fails is not published: ``out`` appears whole and
-   checked, or not at all (``atomic.directory``).
+   checked, or not at all (``atomic.directory``). Where this host's vLLM has no
+   kernel for the format (the AVX2 build has no GPTQ kernel), the check records
+   why it did not run and the checkpoint is published unchecked, which the
+   manifest shows.
 
-Both CPU formats (GPTQ for W4A8, cpu_int4 for W4A16) share steps 1-3 and the
-report; only step 4's packing differs, and cpu_int4 arrives with the vLLM
-plugin.
+Both CPU formats share steps 1-3 and the report; they differ in the grid
+(``w4a8-amx``: symmetric GPTQ with the scale search, for vLLM's GPTQ kernels;
+``w4a16-tinygemm``: GPTQ on an asymmetric min/max grid, for tinygemm through
+edgepath's vLLM plugin) and in step 4's packing (``PathFormat``).
 """
 
 from __future__ import annotations
@@ -49,12 +53,32 @@ class PathFormat:
 
     path: str
     quant_method: str
+    layout: str
     rule: shapes.KernelShapeRule
     w4a8: bool
     """Whether the engine runs it with int8 activations (``VLLM_CPU_INT4_W4A8=1``)."""
+    symmetric: bool
+    """Symmetric grid with the scale search (``quantize.gptq.search``), or asymmetric min/max."""
+
+    def pack(self, prefix: str, q) -> dict[str, Any]:
+        """State-dict entries of the quantized layer ``q`` (a ``QuantizedLayer``) in this format."""
+        if self.quant_method == "gptq":
+            from .quant.gptq_format import GptqV1Int4
+
+            return GptqV1Int4.pack(q.codes, q.scales).tensors(prefix)
+        from .quant.cpu_int4_format import CpuInt4
+
+        return CpuInt4.pack(q.codes, q.scales, q.offsets).tensors(prefix)
 
 
-FORMATS = {"w4a8-amx": PathFormat("w4a8-amx", "gptq", shapes.GPTQ_CPU, w4a8=True)}
+FORMATS = {
+    "w4a8-amx": PathFormat("w4a8-amx", "gptq", "GPTQ v1, symmetric int4, zero 8 stored as 7", shapes.GPTQ_CPU,
+                           w4a8=True, symmetric=True),
+    "w4a16-tinygemm": PathFormat("w4a16-tinygemm", "cpu_int4",
+                                 "cpu_int4 v1, asymmetric int4: uint8 nibbles [N, K/2], bf16 scales and offsets "
+                                 "[N, K/g] (edgepath/quant/cpu_int4_format.py)", shapes.TINYGEMM_CPU,
+                                 w4a8=False, symmetric=False),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,10 +154,6 @@ def _no_unknown(where: str, mapping: Any, known: set[str]) -> None:
 def path_format(path: str) -> PathFormat:
     fmt = FORMATS.get(path)
     if fmt is None:
-        if path == "w4a16-tinygemm":
-            raise EdgepathError("w4a16-tinygemm (the cpu_int4 format) is built by the vLLM plugin's "
-                                "quantizer, which does not exist yet; edgepath quantize builds only "
-                                f"{sorted(FORMATS)}")
         raise EdgepathError(f"weight path {path!r} has no 4-bit checkpoint to build; edgepath quantize "
                             f"builds {sorted(FORMATS)}")
     return fmt
@@ -171,12 +191,13 @@ def _tensor_report(name: str, weight, q) -> dict[str, Any]:
 
 
 def _quantization_config(fmt: PathFormat, group: int, settings: Settings) -> dict[str, Any]:
-    return {
-        "quant_method": fmt.quant_method, "bits": 4, "group_size": group, "sym": True,
-        "desc_act": False, "static_groups": False, "true_sequential": True,
-        "lm_head": settings.head == "int4", "damp_percent": settings.damp,
-        "checkpoint_format": "gptq",
-    }
+    common = {"quant_method": fmt.quant_method, "bits": 4, "group_size": group, "sym": fmt.symmetric,
+              "true_sequential": True, "lm_head": settings.head == "int4", "damp_percent": settings.damp}
+    if fmt.quant_method == "gptq":
+        return {**common, "desc_act": False, "static_groups": False, "checkpoint_format": "gptq"}
+    from .quant.cpu_int4_format import FORMAT_VERSION
+
+    return {**common, "format_version": FORMAT_VERSION}
 
 
 def _copy_side_files(src: Path, dest: Path, tokenizer_files: list[str]) -> None:
@@ -200,8 +221,7 @@ def run(model_dir: str | Path, path: str, out: str | Path, settings: Settings = 
 
     from .quant import calibration
     from .quant.evaluate import perplexity
-    from .quant.gptq import SEARCHES
-    from .quant.gptq_format import GptqV1Int4
+    from .quant.gptq import MINMAX, SEARCHES
     from .quant.sequential import quantize_model
 
     started = time.monotonic()
@@ -219,8 +239,9 @@ def run(model_dir: str | Path, path: str, out: str | Path, settings: Settings = 
     if "lm_head" in layers and "lm_head.weight" not in original:
         original["lm_head.weight"] = model.get_output_embeddings().weight.detach().clone()
     ppl_reference = perplexity(model, eval_windows) if eval_windows is not None else None
+    grid = SEARCHES[settings.search] if fmt.symmetric else MINMAX
     gptq_started = time.monotonic()
-    quantized = quantize_model(model, calib.tokens, group, SEARCHES[settings.search], settings.damp,
+    quantized = quantize_model(model, calib.tokens, group, grid, settings.damp,
                                settings.group_order, quantize_head=settings.head == "int4")
     gptq_time = time.monotonic() - gptq_started
     ppl_quantized = perplexity(model, eval_windows) if eval_windows is not None else None
@@ -233,8 +254,7 @@ def run(model_dir: str | Path, path: str, out: str | Path, settings: Settings = 
                     tensors_to_save[name] = sf.get_tensor(name)
     stored_bits = 0
     for prefix, q in quantized.items():
-        packed = GptqV1Int4.pack(q.codes, q.scales)
-        for name, t in packed.tensors(prefix).items():
+        for name, t in fmt.pack(prefix, q).items():
             tensors_to_save[name] = t
             stored_bits += t.numel() * t.element_size() * 8
     quantized_weights = sum(q.codes.numel() for q in quantized.values())
@@ -247,11 +267,11 @@ def run(model_dir: str | Path, path: str, out: str | Path, settings: Settings = 
     report = {
         **records.envelope("quantization"),
         "path": path,
-        "format": {"quant_method": fmt.quant_method, "layout": "GPTQ v1, symmetric int4, zero 8 stored as 7",
+        "format": {"quant_method": fmt.quant_method, "layout": fmt.layout,
                    "kernel": fmt.rule.kernel, "group_size": group, "group_size_reason": group_reason},
         "model": {"directory": str(model_dir.resolve()), "fingerprint": info["fingerprint"]},
         "head": {"stored": settings.head, "tied_embedding_kept": "bf16"},
-        "algorithm": {"name": "gptq", "search": settings.search, "ratios": list(SEARCHES[settings.search].ratios),
+        "algorithm": {"name": "gptq", "search": grid.name, "ratios": list(grid.ratios),
                       "damp": settings.damp, "group_order": settings.group_order, "true_sequential": True},
         "calibration": calib.record,
         "bits_per_weight": round(stored_bits / quantized_weights, 4),
@@ -271,7 +291,7 @@ def run(model_dir: str | Path, path: str, out: str | Path, settings: Settings = 
         (scratch / REPORT_NAME).write_text(records.dumps(report))
         checked = engine_check.check(scratch, model_dir, check_sequences, w4a8=fmt.w4a8)
         records.write(scratch / engine_check.CHECK_NAME, "engine_check", {**records.envelope("engine_check"), **checked})
-        if not checked["passed"]:
+        if not checked["passed"] and checked["not_run"] is None:
             raise EdgepathError(_failed(checked))
     return report
 

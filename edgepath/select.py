@@ -34,6 +34,23 @@ FUSED_CPU_NORMS = False
 
 
 @dataclasses.dataclass(frozen=True)
+class CpuEngine:
+    """How vLLM runs a 4-bit CPU path's checkpoint: the same for every target on it."""
+
+    quantization: str
+    """vLLM's ``quantization=``."""
+    engine_env: tuple[tuple[str, str], ...]
+    fused_cpu_norms: bool = FUSED_CPU_NORMS
+
+
+CPU_ENGINES = {
+    # VLLM_CPU_INT4_W4A8 explicit: its default changed across vLLM versions
+    "w4a8-amx": CpuEngine("gptq", (("VLLM_CPU_INT4_W4A8", "1"),)),
+    "w4a16-tinygemm": CpuEngine("cpu_int4", (("VLLM_CPU_INT4_W4A8", "0"),)),  # edgepath's vLLM plugin
+}
+
+
+@dataclasses.dataclass(frozen=True)
 class WeightPath:
     name: str
     quantization: str | None
@@ -77,11 +94,7 @@ class WeightPath:
 def has_amx(profile: HardwareProfile) -> bool:
     """AMX tiles usable: x86_64 with an AMX flag, unless PyTorch's own check on
     that host said the kernel withholds AMX state from processes."""
-    if profile.arch != "x86_64":
-        return False
-    if not (profile.has_flag("amx_tile") or profile.has_flag("amx_bf16")):
-        return False
-    return profile.torch_amx_tile_supported is not False
+    return profile.kernel_isa() == "x86_64 AMX"
 
 
 def _group(rule: KernelShapeRule, linears: Mapping[str, tuple[int, int]] | None) -> tuple[int, str]:
@@ -148,10 +161,11 @@ def _w4a8_path(p: HardwareProfile, linears) -> WeightPath:
     group, group_why = _group(GPTQ_CPU, linears)
     verified, evidence = _evidence("w4a8-amx", p.arch)
     amx = [f for f in ("amx_tile", "amx_bf16", "amx_int8") if p.has_flag(f)]
+    engine = CPU_ENGINES["w4a8-amx"]
     return WeightPath(
-        name="w4a8-amx", quantization="gptq", group_size=group,
+        name="w4a8-amx", quantization=engine.quantization, group_size=group,
         bits_per_weight=4 + (16 + 4) / group,  # fp16 scale + packed 4-bit zero per group and column
-        runs_in_vllm=True, verified=verified, fused_cpu_norms=FUSED_CPU_NORMS,
+        runs_in_vllm=True, verified=verified, fused_cpu_norms=engine.fused_cpu_norms,
         activations="int8 (dynamic, per token)",
         rationale=(
             f"The {_cpu_desc(p)} has AMX tiles ({', '.join(amx)}) and the priority is speed, so it gets a "
@@ -163,7 +177,7 @@ def _w4a8_path(p: HardwareProfile, linears) -> WeightPath:
         notes=(group_why, evidence,
                "8-bit activations cost fidelity (top-1 agreement with its own dequantized weights "
                "82-86 %); priority 'fidelity' selects w4a16-tinygemm instead"),
-        engine_env=(("VLLM_CPU_INT4_W4A8", "1"),),  # explicit: the default changed across vLLM versions
+        engine_env=engine.engine_env,
     )
 
 
@@ -183,12 +197,13 @@ def _w4a16_path(p: HardwareProfile, priority: str, linears) -> WeightPath:
              "the cpu_int4 quantization method is registered by edgepath's vLLM plugin"]
     if p.arch == "x86_64" and not p.has_flag("avx512f"):
         notes.append("this CPU has no AVX-512; vLLM's CPU build was only measured on AVX-512 machines")
+    engine = CPU_ENGINES["w4a16-tinygemm"]
     return WeightPath(
-        name="w4a16-tinygemm", quantization="cpu_int4", group_size=group,
+        name="w4a16-tinygemm", quantization=engine.quantization, group_size=group,
         bits_per_weight=4 + (16 + 16) / group,  # bf16 scale + bf16 offset per group and column
-        runs_in_vllm=True, verified=verified, fused_cpu_norms=FUSED_CPU_NORMS,
-        rationale=why, build_with="quantize (asymmetric 4-bit, cpu_int4 format)",
-        notes=tuple(notes), engine_env=(("VLLM_CPU_INT4_W4A8", "0"),),
+        runs_in_vllm=True, verified=verified, fused_cpu_norms=engine.fused_cpu_norms,
+        rationale=why, build_with="quantize (asymmetric 4-bit GPTQ, cpu_int4 format)",
+        notes=tuple(notes), engine_env=engine.engine_env,
     )
 
 

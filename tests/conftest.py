@@ -84,3 +84,44 @@ def w4a8_checkpoint(default_model, tmp_path_factory) -> Path:
     edgepath_command("quantize", "--model", str(default_model / "model.json"), "--path", "w4a8-amx",
                      "--out", str(out), "--params", str(params))
     return out
+
+
+def run_checked(cmd, cwd, env) -> str:
+    """Run ``cmd``; fail the test with its output unless it exits 0. Returns its output."""
+    import subprocess
+
+    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, f"{cmd} failed:\n{done.stdout}\n{done.stderr}"
+    return done.stdout + done.stderr
+
+
+@pytest.fixture(scope="session")
+def pipeline(tmp_path_factory):
+    """A fresh copy of the project's files (what git would clone) and its whole pipeline,
+    `dvc repro`, run once per test session: (directory, environment, log). Its
+    w4a16-tinygemm checkpoint and patch-verify record serve the plugin's e2e tests."""
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                           cwd=ROOT, capture_output=True, text=True, check=True).stdout.split("\0")
+    dest = tmp_path_factory.mktemp("repo")
+    for rel in filter(None, files):
+        if (ROOT / rel).is_file() and rel != "dvc.lock":
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / rel, dest / rel)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "DVC_NO_ANALYTICS": "1"}
+    # a small calibration: the pipeline's wiring and the engine's reading of the
+    # checkpoints are under test here; full-size quantization belongs to
+    # `scripts/run.sh` and the benchmarks
+    params = yaml.safe_load((dest / "params.yaml").read_text())
+    params["quantize"]["calibration"].update(samples=8, length=64)
+    params["quantize"]["eval"].update(windows=2, length=128)
+    (dest / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    run_checked(["git", "init", "-q"], dest, env)
+    log = run_checked(["dvc", "repro"], dest, env)
+    return dest, env, log

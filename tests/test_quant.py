@@ -9,7 +9,8 @@ import torch
 from edgepath import quantize
 from edgepath.errors import EdgepathError
 from edgepath.quant import calibration
-from edgepath.quant.gptq import (SEARCHES, HessianAccumulator, group_aware_order, quantize_layer,
+from edgepath.quant.cpu_int4_format import CpuInt4
+from edgepath.quant.gptq import (MINMAX, SEARCHES, HessianAccumulator, group_aware_order, quantize_layer,
                                  representable_scales)
 from edgepath.quant.gptq_format import GptqV1Int4
 
@@ -104,6 +105,20 @@ def test_gptq_and_the_output_error_search_each_lower_the_output_error():
     e_rtn, e_plain, e_search = (_output_error(w, q, x) for q in (rtn, plain, searched))
     assert e_plain < 0.8 * e_rtn
     assert e_search < e_plain
+
+
+def test_gptq_on_the_asymmetric_minmax_grid_lowers_the_output_error():
+    w, x, h = _correlated_layer()
+    group = 32
+    blocks = w.view(64, -1, group)
+    s = representable_scales((blocks.amax(-1, keepdim=True) - blocks.amin(-1, keepdim=True)) / 15)
+    o = (blocks.amin(-1, keepdim=True) + 8 * s).to(torch.bfloat16).float()
+    rtn = ((torch.clamp(torch.round((blocks - o) / s) + 8, 0, 15) - 8) * s + o).view(64, -1)
+    q = quantize_layer(w, h, group, MINMAX)
+    assert q.offsets is not None and torch.equal(q.ratios, torch.ones_like(q.ratios))
+    assert torch.equal(q.offsets.to(torch.bfloat16).float(), q.offsets)
+    CpuInt4.pack(q.codes, q.scales, q.offsets)  # packs without loss
+    assert _output_error(w, q.dequantize(), x) < 0.8 * _output_error(w, rtn, x)
 
 
 def test_quantized_layer_is_on_the_grid_with_exact_scales_and_recorded_ratios():

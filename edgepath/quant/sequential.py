@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import torch
 
 from ..errors import EdgepathError
-from .gptq import HessianAccumulator, QuantizedLayer, ScaleSearch, quantize_layer
+from .gptq import Grid, HessianAccumulator, QuantizedLayer, quantize_layer
 
 # Linears of one decoder layer, grouped by shared input, in data-flow order.
 SEQUENTIAL_GROUPS = (
@@ -114,7 +114,7 @@ def quantize_model(
     model,
     tokens: torch.Tensor,
     group_size: int,
-    search: ScaleSearch,
+    grid: Grid,
     damp: float,
     group_order: bool,
     quantize_head: bool,
@@ -129,7 +129,7 @@ def quantize_model(
 
     def quantize(prefix: str, module: torch.nn.Linear, hessian: torch.Tensor) -> None:
         with _torch_threads(1):
-            q = quantize_layer(module.weight.data, hessian, group_size, search, damp, group_order)
+            q = quantize_layer(module.weight.data, hessian, group_size, grid, damp, group_order)
         module.weight.data = q.dequantize().to(module.weight.dtype)
         results[prefix] = q
 
