@@ -99,7 +99,27 @@ def _start(artifact: Path, engine: CpuEngine, cache_dir: Path, out: Path,
     return json.loads(out.read_text())
 
 
-def _patches(path_name: str, engine: CpuEngine, cold: dict[str, Any], warm: dict[str, Any], check: dict[str, Any]) -> dict:
+def _gate_weights(artifact: Path) -> list[str]:
+    """The checkpoint's per-head gate projections (``head_gate.is_head_gate``), read
+    from its config and safetensors headers."""
+    from safetensors import safe_open
+
+    from .vllm_plugin.head_gate import is_head_gate
+
+    config = json.loads((artifact / "config.json").read_text())
+    heads = config.get("num_attention_heads") or config.get("text_config", {}).get("num_attention_heads")
+    found = []
+    for f in sorted(artifact.glob("*.safetensors")):
+        with safe_open(f, "pt") as sf:
+            for name in sf.keys():
+                prefix = name.removesuffix(".weight")
+                if name.endswith(".weight") and is_head_gate(prefix, tuple(sf.get_slice(name).get_shape()), heads):
+                    found.append(prefix)
+    return found
+
+
+def _patches(path_name: str, engine: CpuEngine, cold: dict[str, Any], warm: dict[str, Any], check: dict[str, Any],
+             gate_weights: list[str]) -> dict:
     plugin = warm["plugin"]
     kernel = {"layer_modes": check["layer_modes"], "ops_seen": check["ops_seen"]}
     cpu_int4 = {**plugin["cpu_int4"], "evidence": kernel}
@@ -116,9 +136,8 @@ def _patches(path_name: str, engine: CpuEngine, cold: dict[str, Any], warm: dict
         cache.update(state="not needed", detail="the loaded artifacts had their own finalize_loading")
 
     gate = dict(plugin["head_gate"])
-    layers = gate.pop("layers")
-    gate["evidence"] = {"layers": layers}
-    if gate["state"] == "applied" and not layers:
+    gate["evidence"] = {"gated_layers": gate.pop("layers", []), "gate_projections_in_checkpoint": gate_weights}
+    if not gate_weights:
         gate.update(state="not applicable",
                     detail="the model has no per-head gate projection (no *g_proj with one output per head)")
     return {"cpu_int4": cpu_int4, "compile_cache": cache, "fused_norms": plugin["fused_norms"], "head_gate": gate}
@@ -169,7 +188,7 @@ def run(path_name: str, artifact: str | os.PathLike, model_dir: str | os.PathLik
     head = engine_check.header(engine.quantization, _w4a8(engine))
     comparisons = engine_check.compare(measured, artifact, model_dir, sequences, prompts, 64)
     check = engine_check.verdict(head, False, measured, comparisons, sequences, 64)
-    patches = _patches(path_name, engine, cold, warm, check)
+    patches = _patches(path_name, engine, cold, warm, check, _gate_weights(artifact))
     failures = []
     if not check["ran_kernel"]:
         failures.append(f"not every quantized layer ran {check['kernel_op']} (layers: {check['layer_modes']})")

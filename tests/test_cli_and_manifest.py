@@ -69,8 +69,8 @@ def test_selection_record_needs_a_model(tmp_path):
 
 def test_records_of_another_schema_version_are_refused(tmp_path):
     path = tmp_path / "m.json"
-    path.write_text(json.dumps({"kind": "edgepath.manifest", "schema_version": 2}))
-    with pytest.raises(EdgepathError, match="schema_version 2"):
+    path.write_text(json.dumps({"kind": "edgepath.manifest", "schema_version": 1}))
+    with pytest.raises(EdgepathError, match="schema_version 1; this edgepath reads version 2"):
         records.read(path, "manifest")
 
 

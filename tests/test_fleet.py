@@ -21,7 +21,7 @@ def test_shipped_params_are_valid():
     assert list(params.targets) == ["host", "xeon-amx", "x86-avx2", "arm64-server", "phone-npu", "gpu-cuda"]
     assert params.targets["host"].profile == fleet.PROBE
     assert params.model_source == "embedded"
-    assert params.quantize["paths"] == ["w4a8-amx"]
+    assert params.quantize["paths"] == ["w4a8-amx", "w4a16-tinygemm"]
 
 
 def test_quantize_namespace_is_read_without_the_fleet(tmp_path):

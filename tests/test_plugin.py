@@ -202,7 +202,7 @@ def test_the_plugin_loads_in_a_fresh_vllm_process_through_its_entry_point():
     result, log = _fresh_vllm()
     status = result["status"]
     assert {p: s["state"] for p, s in status.items()} == {
-        "cpu_int4": "applied", "compile_cache": "applied", "fused_norms": "off", "head_gate": "applied"}
+        "cpu_int4": "applied", "compile_cache": "applied", "fused_norms": "off", "head_gate": "off"}
     assert result["registered"] and result["load_wrapped"]
     assert result["config"] == "CpuInt4Config(group_size=64, lm_head=True)"
     assert len(result["errors"]) == 3 and "format_version 2" in result["errors"][0]
@@ -213,9 +213,9 @@ def test_the_plugin_loads_in_a_fresh_vllm_process_through_its_entry_point():
 
 def test_each_patch_has_its_switch():
     result, _ = _fresh_vllm(EDGEPATH_CPU_INT4="0", EDGEPATH_COMPILE_CACHE="0", EDGEPATH_FUSED_CPU_NORMS="1",
-                            EDGEPATH_HEAD_GATE="0")
+                            EDGEPATH_HEAD_GATE="1")
     states = {p: s["state"] for p, s in result["status"].items()}
-    assert states == {"cpu_int4": "off", "compile_cache": "off", "fused_norms": "applied", "head_gate": "off"}
+    assert states == {"cpu_int4": "off", "compile_cache": "off", "fused_norms": "applied", "head_gate": "applied"}
     assert not result["registered"] and not result["load_wrapped"]
     # vLLM's C++ RMSNorm, now reachable on the CPU, agrees with the native one
     assert result["fused_vs_native_max_abs"] < 0.05

@@ -93,7 +93,8 @@ def test_patch_verify_proves_each_patch_with_evidence(built):
     assert cache["evidence"]["warm_start_loaded_from_cache"] and cache["evidence"]["own_method_kept"] == 0
     assert record["starts"]["warm_s"] < record["starts"]["cold_s"]
     assert patches["fused_norms"]["state"] == "off"
-    assert patches["head_gate"]["state"] == "not applicable" and patches["head_gate"]["evidence"]["layers"] == []
+    gate = patches["head_gate"]
+    assert gate["state"] == "not applicable" and gate["evidence"]["gate_projections_in_checkpoint"] == []
     check = record["check"]
     assert check["ran_kernel"] and check["against"]["dequantized"]["teacher_forced_top1_agreement"] >= 0.90
 

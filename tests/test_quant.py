@@ -206,13 +206,14 @@ def test_chat_calibration_without_a_chat_template_is_refused(tokenizer):
 def test_quantize_refuses_bad_input_up_front_and_writes_nothing(default_model, tmp_path):
     hf = default_model / "hf"
     out = tmp_path / "out"
-    with pytest.raises(EdgepathError, match="plugin"):
-        quantize.run(hf, "w4a16-tinygemm", out)
     with pytest.raises(EdgepathError, match="no 4-bit checkpoint"):
         quantize.run(hf, "bf16", out)
     odd = write_tiny_llama(tmp_path / "odd", hf, intermediate_size=72)
     with pytest.raises(EdgepathError, match=r"layer model\.layers\.0\.mlp\.(down|gate|up)_proj .*multiple of 32"):
         quantize.run(odd, "w4a8-amx", out)
+    narrow = write_tiny_llama(tmp_path / "narrow", hf, intermediate_size=40)
+    with pytest.raises(EdgepathError, match=r"layer model\.layers\.0\.mlp\.\w+ .*tinygemm.*multiple of 16"):
+        quantize.run(narrow, "w4a16-tinygemm", out)
     corrupt = tmp_path / "corrupt"
     shutil.copytree(hf, corrupt)
     weights = corrupt / "model.safetensors"

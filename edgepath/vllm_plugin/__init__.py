@@ -14,7 +14,7 @@ patch               variable                      default    does
 ``cpu_int4``        ``EDGEPATH_CPU_INT4``         on         quantization method ``cpu_int4`` (tinygemm)
 ``compile_cache``   ``EDGEPATH_COMPILE_CACHE``    on         AOT compile cache loads on the CPU
 ``fused_norms``     ``EDGEPATH_FUSED_CPU_NORMS``  off        vLLM's C++ RMSNorm kernels on the CPU
-``head_gate``       ``EDGEPATH_HEAD_GATE``        on         per-head gate projections, opaque eager op
+``head_gate``       ``EDGEPATH_HEAD_GATE``        off        per-head gate projections, opaque eager op
 ==================  ============================  =========  ==========================================
 
 A variable set to ``0`` turns its patch off, ``1`` on. State per patch:
@@ -29,13 +29,15 @@ import os
 import sys
 from typing import Any
 
-# Default of each switch. fused_norms: off, measured slower end to end
-# (benchmarks/results/plugin.md).
+# Default of each switch, from benchmarks/results/plugin.md. fused_norms: off,
+# measured slower end to end. head_gate: off; on this team's AVX2 hosts vLLM's GEMM
+# for these shapes is F.linear, which beat the multiply-and-sum 1.4-3x at 1-64 rows
+# in isolation; the reported gain was against oneDNN on an AMX Xeon.
 SWITCHES = {
     "cpu_int4": ("EDGEPATH_CPU_INT4", True),
     "compile_cache": ("EDGEPATH_COMPILE_CACHE", True),
     "fused_norms": ("EDGEPATH_FUSED_CPU_NORMS", False),
-    "head_gate": ("EDGEPATH_HEAD_GATE", True),
+    "head_gate": ("EDGEPATH_HEAD_GATE", False),
 }
 STATES = ("applied", "not needed", "not applicable", "off")
 _status: dict[str, dict[str, str]] = {}

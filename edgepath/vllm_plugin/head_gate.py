@@ -12,8 +12,10 @@ The patch wraps vLLM's CPU GEMM dispatch (``dispatch_cpu_unquantized_gemm``,
 called once per unquantized linear after loading): a layer whose name ends in
 ``g_proj`` and whose output size is the model's attention head count gets the
 op; every other layer is dispatched as before. A model without such a layer
-(the default SmolLM2) never reaches it: ``gated_layers()`` stays empty and
-patch-verify reports the patch "not applicable".
+(the default SmolLM2) never reaches it: patch-verify reads the checkpoint's
+tensors and reports the patch "not applicable".
+
+Off by default (``EDGEPATH_HEAD_GATE=1``): see ``vllm_plugin.SWITCHES``.
 """
 
 from __future__ import annotations
