@@ -109,7 +109,9 @@ def _group(rule: KernelShapeRule, linears: Mapping[str, tuple[int, int]] | None)
 def _evidence(name: str, arch: str) -> tuple[bool, str]:
     evidence = KERNEL_EVIDENCE.get((name, arch))
     if evidence is None:
-        return False, f"unverified: the {name} kernel has not been run and checked on {arch} by this pipeline"
+        return False, (f"unverified: no measurement of the {name} kernel on {arch} is on record; where this "
+                       f"pipeline's patch-verify runs the build on such hardware, the manifest's verification "
+                       f"says so")
     return True, f"verified: {evidence}"
 
 

@@ -20,8 +20,8 @@ def edgepath(*args, cwd=ROOT, check=True):
     return done
 
 
-@pytest.mark.parametrize("command", [[], ["model"], ["probe"], ["select"], ["manifest"],
-                                     ["manifest", "show"], ["manifest", "build"]])
+@pytest.mark.parametrize("command", [[], ["model"], ["probe"], ["select"], ["quantize"], ["check"],
+                                     ["patch-verify"], ["manifest"], ["manifest", "show"], ["manifest", "build"]])
 def test_every_command_has_help(command):
     out = edgepath(*command, "--help").stdout
     assert "usage: edgepath" in out and len(out.splitlines()) > 5
