@@ -6,8 +6,10 @@
 Parts, each interleaved (A B A B ...) with medians and min-max:
 
 - ``gemm``: cpu_int4 through tinygemm (``edgepath::int4_mm``) against
-  dequantizing to bf16 and a bf16 GEMM, per row count, on SmolLM2's layer
-  shapes: where (if anywhere) prefill should dequantize instead.
+  dequantizing to bf16 and a bf16 GEMM, and against the bf16 GEMM alone on a
+  weight dequantized beforehand (the bound for any dequantize-once scheme), per
+  row count, on SmolLM2's layer shapes: where (if anywhere) prefill should
+  dequantize instead.
 - ``head-gate``: the eager multiply-and-sum of ``edgepath::head_gate`` against
   ``F.linear`` on per-head gate shapes, per row count: ``HEAD_GATE_MAX_ROWS``.
 - ``starts``: engine start, cold and warm, with the compile-cache patch and
@@ -75,20 +77,25 @@ def bench_gemm() -> list[dict]:
                               torch.full((n, k // 64), 0.01).to(torch.bfloat16).float(),
                               torch.zeros(n, k // 64))
         packed, scale_and_zero = stored.tinygemm_operands()
+        dense = stored.dequantize(torch.bfloat16)
         for m in (1, 4, 16, 64, 256, 512):
             x = torch.randn(m, k).to(torch.bfloat16)
             reps = 3 if n * m > 10_000_000 else 15
             t = _interleaved({
                 "tinygemm": lambda: torch.ops.edgepath.int4_mm(x, packed, 64, scale_and_zero),
                 "dequant_bf16": lambda: x @ stored.dequantize(torch.bfloat16).t(),
+                "bf16_only": lambda: x @ dense.t(),
             }, reps)
             tg, dq = statistics.median(t["tinygemm"]), statistics.median(t["dequant_bf16"])
+            bf = statistics.median(t["bf16_only"])
             rows.append({"part": "gemm", "layer": layer, "n": n, "k": k, "rows": m,
                          "tinygemm_ms": _summary([s * 1e3 for s in t["tinygemm"]]),
                          "dequant_bf16_ms": _summary([s * 1e3 for s in t["dequant_bf16"]]),
-                         "dequant_over_tinygemm": round(dq / tg, 2)})
+                         "bf16_only_ms": _summary([s * 1e3 for s in t["bf16_only"]]),
+                         "dequant_over_tinygemm": round(dq / tg, 2), "bf16_only_over_tinygemm": round(bf / tg, 2)})
             print(f"gemm {layer} [{n}x{k}] rows {m}: tinygemm {tg * 1e3:.3f} ms, dequantize + bf16 "
-                  f"{dq * 1e3:.3f} ms ({dq / tg:.2f}x)", flush=True)
+                  f"{dq * 1e3:.3f} ms ({dq / tg:.2f}x), bf16 GEMM alone {bf * 1e3:.3f} ms ({bf / tg:.2f}x)",
+                  flush=True)
     return rows
 
 
@@ -155,11 +162,13 @@ def bench_engines(checkpoint: Path, bf16: Path, work: Path, passes: int) -> list
         "bf16": (bf16, None, {"EDGEPATH_FUSED_CPU_NORMS": "0"}),
     }
     rows = []
+    # one cache directory per arm, named by index: inductor's compiler command breaks on spaces
+    caches = {name: work / f"engines-{i}" for i, name in enumerate(arms)}
     for name, (model, quantization, env) in arms.items():  # a cold start fills each arm's cache
-        _engine(model, quantization, work / f"engines-{name}", env)
+        _engine(model, quantization, caches[name], env)
     for p in range(passes):
         for name, (model, quantization, env) in arms.items():
-            r = _engine(model, quantization, work / f"engines-{name}", env, "--speed", "3")
+            r = _engine(model, quantization, caches[name], env, "--speed", "3")
             rows.append({"part": "engines", "arm": name, "pass": p, "start_s": r["start_s"],
                          "decode_tok_s": r["decode_tok_s"], "prefill_tok_s": r["prefill_tok_s"]})
             print(f"engines pass {p} {name}: decode {statistics.median(r['decode_tok_s']):.1f} tok/s, prefill "
@@ -215,18 +224,23 @@ def main() -> None:
                 rows = bench_engines(checkpoint, bf16, Path(work), args.passes)
             record["parts"][part] = {"rows": rows, "load_before": before, "load_after": _load(),
                                      "date": record["date"]}
+            _write(record, results)  # after every part: a later part's failure keeps the earlier ones
     if "engines" in record["parts"]:
         record["engines_summary"] = _engine_summary(record["parts"]["engines"]["rows"])
         for r in record["engines_summary"]:
             print(f"engines: {r['arm']}: decode {r['decode_tok_s']} tok/s ({r['decode_vs_bf16']}x bf16), "
                   f"prefill {r['prefill_tok_s']} tok/s ({r['prefill_vs_bf16']}x bf16)")
-    results.mkdir(parents=True, exist_ok=True)
-    (results / "plugin.json").write_text(json.dumps(record, indent=2) + "\n")
+    _write(record, results)
     if "engines_summary" in record:
         with open(results / "plugin.csv", "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(record["engines_summary"][0]))
             writer.writeheader()
             writer.writerows(record["engines_summary"])
+
+
+def _write(record: dict, results: Path) -> None:
+    results.mkdir(parents=True, exist_ok=True)
+    (results / "plugin.json").write_text(json.dumps(record, indent=2) + "\n")
 
 
 def _cpu() -> str:

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import torch
 
-# Decode-sized batches, where the reported gain was measured. Above it the GEMM wins
-# by far (measured here, benchmarks/plugin.py --only head-gate: 20x at 64 rows).
+# Decode-sized batches, where the reported gain was measured. Above it the reduction's
+# [M, heads, K] intermediate grows with M (measured here, benchmarks/plugin.py --only
+# head-gate: 5x slower than F.linear at 64 rows of a 32 x 4096 gate).
 HEAD_GATE_MAX_ROWS = 4
 
 
