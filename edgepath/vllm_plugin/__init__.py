@@ -31,7 +31,7 @@ from typing import Any
 
 # Default of each switch, from benchmarks/results/plugin.md. fused_norms: off,
 # measured slower end to end. head_gate: off; on this team's AVX2 hosts vLLM's GEMM
-# for these shapes is F.linear, which beat the multiply-and-sum 2.6-5x at 1-64 rows
+# for these shapes is F.linear, which beat the multiply-and-sum 2.7-21x at 1-64 rows
 # in isolation; the reported gain was against oneDNN on an AMX Xeon.
 SWITCHES = {
     "cpu_int4": ("EDGEPATH_CPU_INT4", True),
