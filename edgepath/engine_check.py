@@ -66,16 +66,6 @@ def kernel_op(quant_method: str, w4a8: bool) -> str:
     return op
 
 
-def _format_class(quant_method: str):
-    if quant_method == "gptq":
-        from .quant.gptq_format import GptqV1Int4
-
-        return GptqV1Int4
-    from .quant.cpu_int4_format import CpuInt4
-
-    return CpuInt4
-
-
 def dequantized_reference(checkpoint: Path, base_model: Path):
     """The base model (fp32) with every quantized layer replaced by the checkpoint's
     dequantized weights, read from the checkpoint's own tensors."""
@@ -83,8 +73,10 @@ def dequantized_reference(checkpoint: Path, base_model: Path):
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
+    from .quant import layer_format
+
     method = json.loads((checkpoint / "config.json").read_text())["quantization_config"]["quant_method"]
-    layer_format = _format_class(method)
+    layer = layer_format(method)
     tensors = {}
     for f in sorted(checkpoint.glob("*.safetensors")):
         tensors.update(load_file(f))
@@ -94,7 +86,7 @@ def dequantized_reference(checkpoint: Path, base_model: Path):
         raise EdgepathError(f"{checkpoint}: no {method} layers (qweight tensors) in the checkpoint")
     for prefix in prefixes:
         module = model.get_submodule(prefix)
-        weight = layer_format.from_tensors(tensors, prefix).dequantize()
+        weight = layer.from_tensors(tensors, prefix).dequantize()
         if module.weight.shape != weight.shape:
             raise EdgepathError(f"{checkpoint}: {prefix} is {tuple(weight.shape)}, the model's is "
                                 f"{tuple(module.weight.shape)}")

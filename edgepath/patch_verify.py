@@ -60,20 +60,16 @@ def covers_target(record: dict[str, Any], target_summary: dict[str, Any]) -> str
     return None
 
 
-def _w4a8(engine: CpuEngine) -> bool:
-    return dict(engine.engine_env).get("VLLM_CPU_INT4_W4A8") == "1"
-
-
 def runs_here(path_name: str, host: HardwareProfile) -> str | None:
     """Why this host cannot run ``path_name``'s checkpoint, or None."""
     engine = CPU_ENGINES[path_name]
-    if _w4a8(engine) and not has_amx(host):
+    if engine.w4a8 and not has_amx(host):
         return ("this host has no AMX tiles: vLLM withholds its W4A8 kernel (int4_scaled_mm_cpu) "
                 "without them")
     from .engine_check import kernel_op
     from .engines.vllm_cpu import missing_kernel
 
-    return missing_kernel(kernel_op(engine.quantization, _w4a8(engine)))
+    return missing_kernel(kernel_op(engine.quantization, engine.w4a8))
 
 
 def _engine_env(engine: CpuEngine) -> dict[str, str]:
@@ -94,9 +90,10 @@ def _start(artifact: Path, engine: CpuEngine, cache_dir: Path, out: Path,
     if done.returncode != 0:
         raise EdgepathError(f"the engine did not start on {artifact} (exit {done.returncode}):\n"
                             f"{done.stderr[-3000:]}")
-    print(f"patch-verify: engine started in {json.loads(out.read_text())['start_s']:.1f} s "
-          f"({'warm' if measure else 'cold'} cache)", file=sys.stderr, flush=True)
-    return json.loads(out.read_text())
+    result = json.loads(out.read_text())
+    print(f"patch-verify: engine started in {result['start_s']:.1f} s ({'warm' if measure else 'cold'} cache)",
+          file=sys.stderr, flush=True)
+    return result
 
 
 def _gate_weights(artifact: Path) -> list[str]:
@@ -185,7 +182,7 @@ def run(path_name: str, artifact: str | os.PathLike, model_dir: str | os.PathLik
         cold = _start(artifact, engine, scratch / "cache", scratch / "cold.json")
         warm = _start(artifact, engine, scratch / "cache", scratch / "warm.json", measure=scratch / "sequences.json")
     measured = warm["measured"]
-    head = engine_check.header(engine.quantization, _w4a8(engine))
+    head = engine_check.header(engine.quantization, engine.w4a8)
     comparisons = engine_check.compare(measured, artifact, model_dir, sequences, prompts, 64)
     check = engine_check.verdict(head, False, measured, comparisons, sequences, 64)
     patches = _patches(path_name, engine, cold, warm, check, _gate_weights(artifact))

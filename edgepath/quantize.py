@@ -39,6 +39,7 @@ from typing import Any
 
 from . import __version__, atomic, engine_check, hf_model, records, shapes
 from .errors import EdgepathError
+from .select import CPU_ENGINES
 
 REPORT_NAME = "quantization_report.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -49,35 +50,38 @@ SEARCH_NAMES = ("output-error", "weight-mse", "none")
 
 @dataclasses.dataclass(frozen=True)
 class PathFormat:
-    """What a weight path's checkpoint is, and the kernel rule its shapes obey."""
+    """What a weight path's checkpoint is, and the kernel rule its shapes obey. How
+    the engine runs it (quantization method, activations) is ``select.CPU_ENGINES``."""
 
     path: str
-    quant_method: str
     layout: str
     rule: shapes.KernelShapeRule
-    w4a8: bool
-    """Whether the engine runs it with int8 activations (``VLLM_CPU_INT4_W4A8=1``)."""
     symmetric: bool
     """Symmetric grid with the scale search (``quantize.gptq.search``), or asymmetric min/max."""
 
+    @property
+    def quant_method(self) -> str:
+        return CPU_ENGINES[self.path].quantization
+
+    @property
+    def w4a8(self) -> bool:
+        return CPU_ENGINES[self.path].w4a8
+
     def pack(self, prefix: str, q) -> dict[str, Any]:
         """State-dict entries of the quantized layer ``q`` (a ``QuantizedLayer``) in this format."""
-        if self.quant_method == "gptq":
-            from .quant.gptq_format import GptqV1Int4
+        from .quant import layer_format
 
-            return GptqV1Int4.pack(q.codes, q.scales).tensors(prefix)
-        from .quant.cpu_int4_format import CpuInt4
-
-        return CpuInt4.pack(q.codes, q.scales, q.offsets).tensors(prefix)
+        fields = (q.codes, q.scales) if self.symmetric else (q.codes, q.scales, q.offsets)
+        return layer_format(self.quant_method).pack(*fields).tensors(prefix)
 
 
 FORMATS = {
-    "w4a8-amx": PathFormat("w4a8-amx", "gptq", "GPTQ v1, symmetric int4, zero 8 stored as 7", shapes.GPTQ_CPU,
-                           w4a8=True, symmetric=True),
-    "w4a16-tinygemm": PathFormat("w4a16-tinygemm", "cpu_int4",
+    "w4a8-amx": PathFormat("w4a8-amx", "GPTQ v1, symmetric int4, zero 8 stored as 7", shapes.GPTQ_CPU,
+                           symmetric=True),
+    "w4a16-tinygemm": PathFormat("w4a16-tinygemm",
                                  "cpu_int4 v1, asymmetric int4: uint8 nibbles [N, K/2], bf16 scales and offsets "
                                  "[N, K/g] (edgepath/quant/cpu_int4_format.py)", shapes.TINYGEMM_CPU,
-                                 w4a8=False, symmetric=False),
+                                 symmetric=False),
 }
 
 

@@ -29,7 +29,8 @@ KERNEL_EVIDENCE = {
 }
 
 # Fused CPU rms_norm kernels: 3.6-4.5x faster per call, slower end to end because
-# they break the compiler's fusion (BRIEF §5). Off on every path until measured otherwise.
+# they break the compiler's fusion (BRIEF §5); on this team's AVX2 host no measurable
+# end-to-end gain (benchmarks/results/plugin.md). Off on every path.
 FUSED_CPU_NORMS = False
 
 
@@ -41,6 +42,11 @@ class CpuEngine:
     """vLLM's ``quantization=``."""
     engine_env: tuple[tuple[str, str], ...]
     fused_cpu_norms: bool = FUSED_CPU_NORMS
+
+    @property
+    def w4a8(self) -> bool:
+        """Whether the engine runs the GEMMs with int8 activations (``VLLM_CPU_INT4_W4A8=1``)."""
+        return dict(self.engine_env).get("VLLM_CPU_INT4_W4A8") == "1"
 
 
 CPU_ENGINES = {

@@ -213,11 +213,12 @@ def _start_main(argv: list[str] | None = None) -> None:
         "aot_artifacts_loaded": compilation_counter.num_aot_artifacts_loaded,
         "plugin": engine.plugin_status(),
     }
-    from transformers import AutoTokenizer
+    if args.measure or args.greedy or args.speed:
+        from transformers import AutoTokenizer
 
-    from edgepath.prompts import fixed_prompt_ids
+        from edgepath.prompts import fixed_prompt_ids
 
-    prompts = fixed_prompt_ids(AutoTokenizer.from_pretrained(args.model, local_files_only=True))
+        prompts = fixed_prompt_ids(AutoTokenizer.from_pretrained(args.model, local_files_only=True))
     if args.measure:
         from edgepath.engine_check import measure_engine
 

@@ -33,6 +33,8 @@ import dataclasses
 
 import torch
 
+from ..shapes import TINYGEMM_CPU
+
 QUANT_METHOD = "cpu_int4"
 FORMAT_VERSION = 1
 BITS = 4
@@ -42,7 +44,7 @@ CODE_MAX = 2**BITS - 1
 TENSOR_NAMES = ("qweight", "scales", "offsets")
 GROUP_SIZES = (32, 64, 128, 256)
 """Group sizes ``_weight_int4pack_mm_for_cpu`` accepts."""
-N_MULTIPLE = 16
+N_MULTIPLE = TINYGEMM_CPU.out_multiple
 """tinygemm packs output channels in tiles of 16."""
 
 
