@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 import textwrap
 from pathlib import Path
 
-from . import __version__, records
+from . import __version__, atomic, records
 from .errors import EdgepathError
 
 _DESCRIPTION = """\
@@ -24,6 +26,8 @@ stages, in pipeline order:
   quantize  the 4-bit checkpoint of a weight path (GPTQ + output-error scale search)
   check     a 4-bit checkpoint in real vLLM against its own weights and bf16
   patch-verify  a path's artifact in real vLLM with edgepath's plugin: patches, kernel, cache
+  control   the model as llama.cpp GGUFs (F16, Q4_K_M, Q4_0): the benchmark's control
+  benchmark every build that runs here against vLLM bf16 and llama.cpp, interleaved
   manifest  every target's path and artifacts in manifest.json; `show` prints it
 
 run `edgepath <stage> --help` for each."""
@@ -113,7 +117,7 @@ def cmd_quantize(args: argparse.Namespace) -> None:
     model_dir = Path(args.model)
     if model_dir.is_file():  # a model record: quantize the directory it names
         model_dir = model.model_directory(model_dir, records.read(model_dir, "model"))
-    namespace = fleet.quantize_namespace(args.params) if Path(args.params).is_file() else {}
+    namespace = fleet.namespace(args.params, "quantize") if Path(args.params).is_file() else {}
     settings = quantize.Settings.from_params(namespace)
     overrides = {k: v for k, v in (("samples", args.samples), ("length", args.length),
                                    ("search", args.search), ("head", args.head)) if v is not None}
@@ -157,7 +161,7 @@ def cmd_check(args: argparse.Namespace) -> None:
 def cmd_patch_verify(args: argparse.Namespace) -> None:
     from . import fleet, model, patch_verify, probe, quantize
 
-    settings = quantize.Settings.from_params(fleet.quantize_namespace(args.params))
+    settings = quantize.Settings.from_params(fleet.namespace(args.params, "quantize"))
     model_dir = model.model_directory(args.model, records.read(args.model, "model"))
     record = patch_verify.run(args.path, Path(args.weights) / args.path, model_dir, args.out, probe.probe(),
                               settings.corpus, settings.holdout)
@@ -171,11 +175,39 @@ def cmd_patch_verify(args: argparse.Namespace) -> None:
         raise EdgepathError(f"{args.path} failed verification: {'; '.join(record['failures'])}")
 
 
+def cmd_control(args: argparse.Namespace) -> None:
+    from . import control, fleet
+
+    types = args.types or fleet.namespace(args.params, "control").get("types") or list(control.DEFAULT_TYPES)
+    record = control.run(args.model, args.out, list(types), args.threads or os.cpu_count() or 1)
+    files = ", ".join(f"{f['type']} {f['bits_per_weight']:.2f} bits/weight" for f in record["files"])
+    print(f"control: {files} -> {args.out}")
+
+
+def cmd_benchmark(args: argparse.Namespace) -> None:
+    from . import benchmark, fleet, probe, quantize
+
+    settings = benchmark.Settings.from_params(fleet.namespace(args.params, "benchmark"))
+    quant_namespace = fleet.namespace(args.params, "quantize")
+    quant = quantize.Settings.from_params(quant_namespace)
+    paths = args.paths or quant_namespace.get("paths") or []
+    record = benchmark.run(list(paths), args.model, args.weights, args.verify, args.control, args.out,
+                           probe.probe(), settings, quant.corpus, quant.holdout)
+    for arm in record["arms"]:
+        print(f"benchmark: {arm['name']}: decode {arm['decode_tok_s']['median']:.1f} tok/s, prefill "
+              f"{arm['prefill_tok_s']['median']:.0f} tok/s, perplexity {arm['fidelity']['perplexity']:.2f}, "
+              f"{arm['fidelity']['prompts_reproduced']}/{arm['fidelity']['prompts']} prompts reproduced")
+    print(f"benchmark: {len(record['arms'])} arms in {record['wall_time_s']:.0f} s -> {args.out}")
+
+
 def cmd_manifest_build(args: argparse.Namespace) -> None:
     from . import fleet, manifest
 
+    imports = fleet.namespace(args.params, "manifest").get("benchmark_imports") or []
     built = manifest.build(fleet.load(args.params), args.model, args.selections, args.out, args.weights,
-                           args.verify)
+                           args.verify, args.benchmark, list(imports))
+    if args.metrics:
+        atomic.write_text(args.metrics, json.dumps(manifest.target_metrics(built), indent=2) + "\n")
     print(f"manifest: {len(built['targets'])} targets -> {args.out}")
 
 
@@ -306,6 +338,41 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="the record to write")
     p.set_defaults(func=cmd_patch_verify)
 
+    p = _add(sub, "control", "the model as llama.cpp GGUF files (the benchmark's control)", """\
+        Convert the model stage's bf16 checkpoint to an F16 GGUF with llama.cpp's own
+        converter and quantize it with llama.cpp's quantizer (Q4_K_M, Q4_0 by
+        default), then load each file once in llama.cpp and record its bits per
+        weight as llama.cpp counts them. OUT appears whole or not at all.
+
+        example:  edgepath control --model build/model/model.json --out build/control""")
+    p.add_argument("--model", default="build/model/model.json", help="the model record")
+    p.add_argument("--params", default="params.yaml", help="control.types comes from here")
+    p.add_argument("--types", nargs="+", help="llama.cpp types to make (default: control.types)")
+    p.add_argument("--threads", type=int, default=0, help="quantizer threads (default: all cores)")
+    p.add_argument("--out", required=True, help="output directory (replaced atomically)")
+    p.set_defaults(func=cmd_control)
+
+    p = _add(sub, "benchmark", "measure every build that runs here against its controls", """\
+        Start every 4-bit build that runs on this host (its path passed patch-verify
+        here) and the controls, vLLM bf16 and
+        llama.cpp on the control GGUFs, each in its own process, cold then warm; then
+        measure decode and prefill interleaved over benchmark.passes rounds, memory
+        (RssAnon), and fidelity against bf16 (held-out perplexity, top-1, the fixed
+        prompts reproduced). A path this host cannot run is recorded as not measured
+        here, with the reason; the manifest decides which targets a measurement
+        stands for. Writes OUT/benchmark.json, OUT/metrics.json and the CSVs dvc
+        plots draws.
+
+        example:  edgepath benchmark --out build/benchmark""")
+    p.add_argument("--params", default="params.yaml", help="the benchmark settings and quantize.paths")
+    p.add_argument("--paths", nargs="+", help="4-bit paths to measure (default: quantize.paths)")
+    p.add_argument("--model", default="build/model/model.json", help="the model record")
+    p.add_argument("--weights", default="build/weights", help="where quantize@<path> wrote its checkpoints")
+    p.add_argument("--verify", default="build/verify", help="where patch-verify@<path> wrote its records")
+    p.add_argument("--control", default="build/control", help="where the control stage wrote its GGUFs")
+    p.add_argument("--out", required=True, help="output directory (replaced atomically)")
+    p.set_defaults(func=cmd_benchmark)
+
     p = _add(sub, "manifest", "build or show the manifest", """\
         Build manifest.json from the model record and every target's selection,
         or show it as a table with each target's rationale.""")
@@ -318,6 +385,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--selections", default="build/selections")
     b.add_argument("--weights", default="build/weights", help="where quantize@<path> wrote its checkpoints")
     b.add_argument("--verify", default="build/verify", help="where patch-verify@<path> wrote its records")
+    b.add_argument("--benchmark", default="build/benchmark/benchmark.json", help="the benchmark record")
+    b.add_argument("--metrics", help="also write each target's headline figures here (dvc metrics)")
     b.add_argument("--out", default="manifest.json")
     b.set_defaults(func=cmd_manifest_build)
     s = _add(msub, "show", "print the manifest as a table", """\

@@ -122,10 +122,11 @@ def load(path: str | Path = "params.yaml") -> Params:
     return parse(_read(path), root=path.parent)
 
 
-def quantize_namespace(path: str | Path) -> dict[str, Any]:
-    """Only the ``quantize`` namespace of a params file (``edgepath quantize`` needs no fleet)."""
+def namespace(path: str | Path, name: str) -> dict[str, Any]:
+    """Only the ``name`` namespace of a params file (``quantize``, ``benchmark``, ...):
+    a stage that needs no fleet reads no fleet; {} where the file lacks it."""
     data = _read(Path(path))
-    namespace = data.get("quantize") if isinstance(data, dict) else None
-    if not isinstance(namespace or {}, dict):
-        raise EdgepathError(f"{path}: quantize: expected a mapping")
-    return namespace or {}
+    section = data.get(name) if isinstance(data, dict) else None
+    if not isinstance(section or {}, dict):
+        raise EdgepathError(f"{path}: {name}: expected a mapping")
+    return section or {}

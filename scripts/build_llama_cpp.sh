@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Build llama.cpp's Python bindings (llama-cpp-python, the benchmark's control engine)
+# from source into .venv for this host's CPU, and copy llama.cpp's HF -> GGUF converter
+# out of the same sdist into .venv/share/edgepath/llama.cpp.
+# Idempotent: skipped while .venv/.edgepath-llama-cpp names this version and these flags.
+# Takes ~7 min on 2 cores (140 C/C++ units; measured here: 6 min 28 s).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+version=0.3.36
+# Pinned so a changed or tampered archive is refused, not built.
+sdist_sha256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
+
+# The CPU kernels for this host's ISA, named explicitly rather than -march=native:
+# - AMX off: GCC 12's _tile_loadconfig reads 8 of the 64-byte tile config, so llama.cpp's
+#   AMX kernel faults on every quantized model (seen on a Sapphire Rapids host, issue 5);
+#   the benchmark records that the control ran without AMX.
+# - AVX-512 where the CPU has it (the ggml flags follow /proc/cpuinfo's), AVX2 otherwise.
+flags=$(tr ' ' '\n' < /proc/cpuinfo | sort -u)
+has() { grep -qx "$1" <<<"$flags"; }
+cmake_args=(-DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF
+            -DLLAMA_BUILD_SERVER=OFF -DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
+case $(uname -m) in
+    x86_64)
+        for f in avx:AVX avx2:AVX2 fma:FMA f16c:F16C bmi2:BMI2 avx512f:AVX512 avx512vbmi:AVX512_VBMI \
+                 avx512_vnni:AVX512_VNNI avx512_bf16:AVX512_BF16 avx_vnni:AVX_VNNI; do
+            if has "${f%%:*}"; then cmake_args+=("-DGGML_${f#*:}=ON"); else cmake_args+=("-DGGML_${f#*:}=OFF"); fi
+        done ;;
+    *)  cmake_args=("${cmake_args[@]/-DGGML_NATIVE=OFF/-DGGML_NATIVE=ON}") ;;
+esac
+
+stamp=.venv/.edgepath-llama-cpp
+want="llama-cpp-python $version ${cmake_args[*]}"
+if [[ -f $stamp && $(cat "$stamp") == "$want" ]]; then
+    exit 0
+fi
+
+download=$(mktemp -d)
+trap 'rm -rf "$download"' EXIT
+pip=(.venv/bin/python -m pip --disable-pip-version-check -q)
+"${pip[@]}" download --no-deps --no-binary :all: -d "$download" "llama-cpp-python==$version"
+sdist=$download/llama_cpp_python-$version.tar.gz
+got=$(sha256sum "$sdist" | cut -d' ' -f1)
+if [[ $got != "$sdist_sha256" ]]; then
+    echo "build_llama_cpp: $(basename "$sdist") has sha256 $got, not the pinned $sdist_sha256; refusing it" >&2
+    exit 1
+fi
+
+echo "build_llama_cpp: building llama-cpp-python $version from source (~7 min on 2 cores)" >&2
+# --no-cache-dir and --force-reinstall: pip's wheel cache is keyed by the sdist, not by
+# these flags, and would hand back a build for another CPU.
+CMAKE_ARGS="${cmake_args[*]}" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
+    "${pip[@]}" install --no-cache-dir --force-reinstall --no-deps "$sdist"
+"${pip[@]}" install -c requirements/lock.txt "llama-cpp-python==$version"  # its dependencies, pinned
+
+# The converter and what it imports (its conversion package, its own gguf-py), one
+# llama.cpp version with the engine.
+share=.venv/share/edgepath
+mkdir -p "$share"
+stage=$(mktemp -d "$share/.llama.cpp.XXXXXX")
+tar -xzf "$sdist" -C "$stage" --strip-components=3 \
+    "llama_cpp_python-$version/vendor/llama.cpp/convert_hf_to_gguf.py" \
+    "llama_cpp_python-$version/vendor/llama.cpp/conversion" \
+    "llama_cpp_python-$version/vendor/llama.cpp/gguf-py"
+rm -rf "$share/llama.cpp"
+mv -T "$stage" "$share/llama.cpp"
+echo "$want" > "$stamp"

@@ -1,0 +1,83 @@
+"""The benchmark stage in the session's one `dvc repro` (``pipeline``): the host's build
+against vLLM bf16 and llama.cpp, for real, and what the manifest and DVC make of it."""
+
+import json
+import subprocess
+
+import pytest
+
+from edgepath import records
+
+from .conftest import run_checked
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def bench(pipeline):
+    dest, env, _ = pipeline
+    return dest, env, records.read(dest / "build/benchmark/benchmark.json", "benchmark")
+
+
+def test_every_arm_was_measured_interleaved_with_its_spread(bench):
+    _, _, record = bench
+    arms = {a["name"]: a for a in record["arms"]}
+    assert set(arms) >= {"w4a16-tinygemm", "vllm bf16", "llama.cpp Q4_K_M", "llama.cpp Q4_0", "llama.cpp F16"}
+    for a in arms.values():
+        for metric in ("decode_tok_s", "prefill_tok_s"):
+            spread = a[metric]
+            assert len(spread["samples"]) == 3 and spread["min"] <= spread["median"] <= spread["max"]
+        assert 0 < a["memory"]["rss_anon_after_start_bytes"] <= a["memory"]["rss_anon_peak_bytes"]
+        assert a["start"]["cold_s"] > 0 and a["start"]["warm_s"] > 0
+        if a["engine"] == "vllm":  # the warm start loaded the compiled graph its cold start made
+            assert a["start"]["warm_loaded_compiled"] is True
+    assert arms["w4a16-tinygemm"]["engine_info"]["layer_modes"][0]["kernel"] == "edgepath::int4_mm"
+    assert record["settings"]["passes"] == 3 and record["settings"]["threads"] >= 1
+    assert 0 <= record["load"]["other_cpu_share"]["max"] <= 1
+
+
+def test_fidelity_is_measured_against_the_models_own_bf16(bench):
+    _, _, record = bench
+    arms = {a["name"]: a for a in record["arms"]}
+    # llama.cpp F16 and vLLM bf16 hold the same weights: scored the same way, they agree
+    assert record["f16_perplexity_over_bf16"] == pytest.approx(1.0, abs=0.03)
+    assert arms["llama.cpp F16"]["fidelity"]["top1_vs_bf16"] >= 0.9
+    build = arms["w4a16-tinygemm"]
+    assert build["fidelity"]["prompts"] == 12
+    assert build["fidelity"]["perplexity"] > 0 and 0.5 < build["fidelity"]["top1_vs_bf16"] < 1
+    r = build["ratios"]
+    assert r["decode_vs_bf16"] == pytest.approx(
+        build["decode_tok_s"]["median"] / arms["vllm bf16"]["decode_tok_s"]["median"], abs=0.01)
+    assert r["llama_q4_k_m_perplexity_increase"] == pytest.approx(
+        arms["llama.cpp Q4_K_M"]["fidelity"]["perplexity"] - arms["vllm bf16"]["fidelity"]["perplexity"], abs=1e-3)
+    # bits per weight counted the same way for every arm: 576-wide rows push "Q4_K_M" past 5
+    assert arms["llama.cpp F16"]["bits_per_weight"] == pytest.approx(16, abs=0.1)
+    assert arms["llama.cpp Q4_K_M"]["bits_per_weight"] > arms["llama.cpp Q4_0"]["bits_per_weight"] > 4
+
+
+def test_manifest_carries_each_targets_figures_or_why_not(bench):
+    dest, _, record = bench
+    m = {t["tag"]: t for t in records.read(dest / "manifest.json", "manifest")["targets"]}
+    host = m["host"]["benchmark"]
+    assert (host["state"], host["arm"]) == ("measured", "w4a16-tinygemm")
+    assert host["run"]["date"] == record["date"] and host["run"]["host_digest"] == record["host"]["digest"]
+    assert host["figures"]["decode_tok_s"] == next(a for a in record["arms"]
+                                                   if a["name"] == "w4a16-tinygemm")["decode_tok_s"]["median"]
+    for tag in ("arm64-server", "phone-npu", "gpu-cuda"):
+        assert m[tag]["benchmark"]["state"] == "not measured here" and "figures" not in m[tag]["benchmark"]
+    if record["host"]["summary"]["kernel_isa"] != "x86_64 AMX":
+        assert record["paths"]["w4a8-amx"]["state"] == "not measured here"
+        assert m["xeon-amx"]["benchmark"]["state"] == "not measured here"
+    targets = json.loads((dest / "build/targets.json").read_text())
+    assert targets["host"]["decode_tok_s"] == host["figures"]["decode_tok_s"]
+
+
+def test_dvc_shows_the_metrics_and_plots(bench, tmp_path):
+    dest, env, _ = bench
+    shown = subprocess.run(["dvc", "metrics", "show", "--json"], cwd=dest, env=env, capture_output=True, text=True,
+                           check=True).stdout
+    json.loads(shown)
+    assert "decode_tok_s" in shown and "llama.cpp Q4_K_M" in shown and '"host"' in shown
+    run_checked(["dvc", "plots", "show", "--out", str(tmp_path / "plots")], dest, env)
+    page = (tmp_path / "plots" / "index.html").read_text()
+    assert "Decode tokens/s per build and control" in page and "llama.cpp Q4_0" in page
