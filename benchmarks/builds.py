@@ -249,6 +249,26 @@ def _markdown(record: dict) -> str:
                           f"{a['fidelity']['prompts_reproduced']} against Q4_K_M's {r['llama_q4_k_m_prompts_reproduced']}."]
         not_here = {p: s["detail"] for p, s in c["paths"].items() if s["state"] != "measured"}
         lines += [""] + [f"- {p}: not measured here: {why}" for p, why in not_here.items()]
+    if "compare_previous" in record["parts"] and "compare" in record["parts"]:
+        old_run, new_run = (record["parts"][k]["result"] for k in ("compare_previous", "compare"))
+        previous = {a["name"]: a for a in old_run["arms"]}
+        lines += ["", f"### Reproduced? This run against the previous one ({old_run['date']})", "",
+                  "A median inside the other run's min-max reproduces it; fidelity is deterministic.", "",
+                  "| arm | decode: this run (min-max) / previous median | prefill: this run (min-max) / previous "
+                  "median | perplexity this / previous |", "|---|---|---|---|"]
+        for a in new_run["arms"]:
+            b = previous.get(a["name"])
+            if b is None:
+                continue
+
+            def cell(metric: str) -> str:
+                x, y = a[metric], b[metric]
+                inside = x["min"] <= y["median"] <= x["max"] or y["min"] <= x["median"] <= y["max"]
+                return (f"{x['median']:g} ({x['min']:g}-{x['max']:g}) / {y['median']:g} "
+                        f"{'(within)' if inside else '(OUTSIDE)'}")
+
+            lines.append(f"| {a['name']} | {cell('decode_tok_s')} | {cell('prefill_tok_s')} | "
+                         f"{a['fidelity']['perplexity']} / {b['fidelity']['perplexity']} |")
     if "breakdown" in record["parts"]:
         b = record["parts"]["breakdown"]["result"]
         lines += ["", "## Where a decode step's time goes (PyTorch profiler, 128 steps, batch 1)", "",
@@ -291,6 +311,8 @@ def main() -> None:
               "date": time.strftime("%Y-%m-%d"), "cpu": probe.probe().cpu_model, "threads": os.cpu_count(),
               "parts": previous.get("parts", {})}
     for part in args.only or PARTS:
+        if part == "compare" and "compare" in record["parts"]:  # kept: does the new run reproduce it?
+            record["parts"]["compare_previous"] = record["parts"]["compare"]
         before = [round(x, 2) for x in os.getloadavg()]
         result = {"compare": compare, "breakdown": breakdown, "large": large}[part]()
         record["parts"][part] = {"result": result, "date": record["date"], "load_before": before,

@@ -52,7 +52,7 @@ from typing import Any
 
 from . import atomic, records
 from .errors import EdgepathError
-from .patch_verify import RECORD_KIND as VERIFY_KIND, covers_target
+from .patch_verify import RECORD_KIND as VERIFY_KIND
 from .profile import HardwareProfile
 
 RECORD_KIND = "benchmark"

@@ -22,7 +22,6 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 from . import atomic, records

@@ -2,9 +2,6 @@
 the control stage's conversion and quantization, the engine's scoring against
 PyTorch on the same weights, and the benchmark's worker process around it."""
 
-import json
-import shutil
-
 import pytest
 import torch
 
