@@ -1,7 +1,7 @@
 """Benchmark: every build against its controls, outside DVC, and where a decode step's time goes.
 
     .venv/bin/python benchmarks/builds.py                    # all parts (~25 min on 2 cores)
-    .venv/bin/python benchmarks/builds.py --only compare     # one part: compare | breakdown | large
+    .venv/bin/python benchmarks/builds.py --only compare     # one part: compare | breakdown
 
 Parts:
 
@@ -15,12 +15,6 @@ Parts:
   or bf16 GEMMs of the layers, the output head, attention, the compiled
   graph's fused kernels, sampling, the other operators, and the time no
   operator accounts for (vLLM's per-step Python and scheduling).
-- ``large``: speed in the bandwidth-bound regime, on a Llama of ~1.07 B
-  parameters **with random weights** (SmolLM2's tokenizer; 22 layers of 2048,
-  MLP 5632), built here: its cpu_int4 checkpoint (round-to-nearest on the
-  min/max grid, no GPTQ: speed only) and bf16 in vLLM, and llama.cpp on GGUFs
-  of it, through the benchmark stage's own measurement. Its fidelity figures
-  compare engines on noise and say nothing about a real model.
 
 Needs ``build/`` from ``scripts/run.sh`` (model, weights, verify, control).
 Results: ``benchmarks/results/builds.{json,md}``, with the host's load.
@@ -29,7 +23,6 @@ Results: ``benchmarks/results/builds.{json,md}``, with the host's load.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -38,10 +31,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PARTS = ("compare", "breakdown", "large")
-# ~1.07 B parameters, TinyLlama's shape with SmolLM2's vocabulary
-LARGE = {"hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 22, "num_attention_heads": 32,
-         "num_key_value_heads": 4, "max_position_embeddings": 2048}
+PARTS = ("compare", "breakdown")
 DECODE_STEPS = 128
 
 
@@ -125,98 +115,6 @@ def breakdown() -> dict:
     return out
 
 
-def _large_checkpoints(work: Path) -> tuple[Path, Path]:
-    """The random-weight ~1B Llama (bf16 directory, model record) and its cpu_int4
-    checkpoint, under ``work``."""
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    from edgepath import hf_model, model, quantize, shapes
-    from edgepath.quant.cpu_int4_format import CpuInt4
-    from edgepath.quant.gptq import MINMAX
-
-    hf, weights = work / "hf", work / "w4a16-tinygemm"
-    tokenizer = AutoTokenizer.from_pretrained(ROOT / "build/model/hf", local_files_only=True)
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
-                         eos_token_id=tokenizer.eos_token_id, **LARGE)
-    llama = LlamaForCausalLM(config).eval()
-    llama.to(torch.bfloat16).save_pretrained(hf)
-    tokenizer.save_pretrained(hf)
-    model.run(work / "model", source=str(hf))
-    info = hf_model.inspect(hf, with_file_digests=False)
-    layers = quantize.quantized_layers(info, "int4")
-    group, _ = shapes.TINYGEMM_CPU.choose_group_size(layers)
-    tensors = {n: t.detach().to(torch.bfloat16).contiguous() for n, t in llama.state_dict().items()
-               if n.removesuffix(".weight") not in layers}
-    for prefix in layers:
-        w = (llama.get_output_embeddings() if prefix == "lm_head" else llama.get_submodule(prefix)).weight
-        rows = w.detach().float().reshape(-1, group)  # one group per row: what MinMaxGrid.choose takes
-        scales, offsets, _ = MINMAX.choose(rows, None)
-        codes = torch.clamp(torch.round((rows - offsets.unsqueeze(-1)) / scales.unsqueeze(-1)) + 8, 0, 15)
-        tensors.update(CpuInt4.pack(codes.reshape(w.shape).to(torch.int32), scales.reshape(w.shape[0], -1),
-                                    offsets.reshape(w.shape[0], -1)).tensors(prefix))
-    from safetensors.torch import save_file
-
-    weights.mkdir()
-    save_file(tensors, str(weights / "model.safetensors"), metadata={"format": "pt"})
-    cfg = json.loads((hf / "config.json").read_text())
-    fmt = quantize.path_format("w4a16-tinygemm")
-    cfg["quantization_config"] = quantize._quantization_config(fmt, group, quantize.Settings())
-    cfg["tie_word_embeddings"] = False  # the int4 head is its own; the bf16 table stays for lookups
-    (weights / "config.json").write_text(json.dumps(cfg, indent=2))
-    tokenizer.save_pretrained(weights)
-    return work / "model" / "model.json", weights
-
-
-def large() -> dict:
-    """The benchmark stage's measurement on the random-weight ~1B Llama (speed only)."""
-    from transformers import AutoTokenizer
-
-    from edgepath import benchmark, control
-    from edgepath.patch_verify import engine_env
-    from edgepath.prompts import fixed_prompt_ids
-    from edgepath.quant.calibration import evaluation_set, load_corpus
-    from edgepath.select import CPU_ENGINES
-
-    settings = benchmark.Settings(passes=3, windows=2, length=128, decode_tokens=64, prefill_tokens=256,
-                                  greedy_tokens=8)
-    with tempfile.TemporaryDirectory(prefix="edgepath-large-", dir=ROOT / "build") as work:
-        work = Path(work)
-        model_record, weights = _large_checkpoints(work)
-        print("large: checkpoints written; making the llama.cpp control", flush=True)
-        made = control.run(model_record, work / "control", ["Q4_K_M", "Q4_0", "F16"], os.cpu_count() or 1)
-        hf = work / "hf"
-        engine = CPU_ENGINES["w4a16-tinygemm"]
-        params = json.loads(model_record.read_text())["parameters"]
-        total, per_token = benchmark._stored_bytes(weights)
-        bf16_total, bf16_per_token = benchmark._stored_bytes(hf)
-        arms = [benchmark.Arm("w4a16-tinygemm (random 1B)", "build", "vllm", weights, engine.quantization,
-                              tuple(sorted(engine_env(engine).items())), round(total * 8 / params, 3), per_token),
-                benchmark.Arm(benchmark.BF16_CONTROL, "control", "vllm", hf, None,
-                              (("EDGEPATH_FUSED_CPU_NORMS", "0"), ("VLLM_CPU_INT4_W4A8", "0")),
-                              round(bf16_total * 8 / params, 3), bf16_per_token)]
-        arms += [benchmark.Arm(f"llama.cpp {f['type']}", "control", "llama.cpp", work / "control" / f["file"],
-                               bits_per_weight=f["bits_per_weight"],
-                               bytes_per_token=round(f["bits_per_weight"] * f["parameters"] / 8))
-                 for f in made["files"]]
-        tokenizer = AutoTokenizer.from_pretrained(hf, local_files_only=True)
-        prompts = fixed_prompt_ids(tokenizer)
-        stream = evaluation_set(tokenizer, load_corpus("austen", ["persuasion"]), 1, 256 * (settings.passes + 2))
-        stream = stream[0].tolist()
-        windows = [stream[:128], stream[128:256]]
-        prefill = [stream[(i + 1) * 256:(i + 2) * 256] for i in range(settings.passes + 1)]
-        bandwidth = benchmark.read_bandwidth()
-        results, load = benchmark.measure(arms, settings, windows, prompts, prefill, work)
-    for a in results:
-        a["decode_bandwidth_share"] = round(a["bytes_per_token"] * a["decode_tok_s"]["median"] / bandwidth, 3)
-        print(f"large {a['name']}: decode {a['decode_tok_s']['median']} tok/s "
-              f"({a['decode_bandwidth_share']:.0%} of {bandwidth / 1e9:.1f} GB/s), prefill "
-              f"{a['prefill_tok_s']['median']:.0f} tok/s", flush=True)
-    return {"parameters": params, "config": LARGE, "read_bandwidth_gb_s": round(bandwidth / 1e9, 2),
-            "settings": dataclasses.asdict(settings), "load": load, "arms": results}
-
-
 def _markdown(record: dict) -> str:
     lines = ["# Builds against their controls (benchmarks/builds.py)", "",
              f"Command: `{record['command']}`, {record['date']}, {record['cpu']}, {record['threads']} threads.", ""]
@@ -278,20 +176,6 @@ def _markdown(record: dict) -> str:
         for name, r in b.items():
             lines.append(f"| {name} | {r['step_ms_profiled']} ({r['step_ms_unprofiled']}) | "
                          + " | ".join(str(r["per_step_ms"].get(k, 0)) for k in keys) + " |")
-    if "large" in record["parts"]:
-        g = record["parts"]["large"]["result"]
-        lines += ["", f"## The bandwidth-bound regime: a Llama of {g['parameters'] / 1e9:.2f} B parameters with random "
-                  f"weights (`--only large`)", "",
-                  "Speed only: random weights, round-to-nearest cpu_int4 (no GPTQ); memory read bandwidth "
-                  f"{g['read_bandwidth_gb_s']} GB/s. Decode {g['settings']['decode_tokens']} tokens, prefill "
-                  f"{g['settings']['prefill_tokens']} tokens, {g['settings']['passes']} interleaved passes.", "",
-                  "| arm | bits/weight | decode tok/s (min-max) | decode share of bandwidth | prefill tok/s (min-max) "
-                  "| RssAnon MiB |", "|---|---|---|---|---|---|"]
-        for a in g["arms"]:
-            d, p = a["decode_tok_s"], a["prefill_tok_s"]
-            lines.append(f"| {a['name']} | {a['bits_per_weight']:.2f} | {d['median']} ({d['min']}-{d['max']}) | "
-                         f"{a['decode_bandwidth_share']:.0%} | {p['median']:.0f} ({p['min']:.0f}-{p['max']:.0f}) | "
-                         f"{a['memory']['rss_anon_after_start_bytes'] / 2**20:.0f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -314,7 +198,7 @@ def main() -> None:
         if part == "compare" and "compare" in record["parts"]:  # kept: does the new run reproduce it?
             record["parts"]["compare_previous"] = record["parts"]["compare"]
         before = [round(x, 2) for x in os.getloadavg()]
-        result = {"compare": compare, "breakdown": breakdown, "large": large}[part]()
+        result = compare() if part == "compare" else breakdown()
         record["parts"][part] = {"result": result, "date": record["date"], "load_before": before,
                                  "load_after": [round(x, 2) for x in os.getloadavg()]}
         results.mkdir(parents=True, exist_ok=True)  # after every part: a later failure keeps the earlier ones
