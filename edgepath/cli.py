@@ -340,9 +340,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _add(sub, "control", "the model as llama.cpp GGUF files (the benchmark's control)", """\
         Convert the model stage's bf16 checkpoint to an F16 GGUF with llama.cpp's own
-        converter and quantize it with llama.cpp's quantizer (Q4_K_M, Q4_0 by
-        default), then load each file once in llama.cpp and record its bits per
-        weight as llama.cpp counts them. OUT appears whole or not at all.
+        converter and quantize it with llama.cpp's quantizer (control.types: Q4_K_M,
+        Q4_0 and F16 by default), then load each file once in llama.cpp and record
+        its bits per weight as llama.cpp counts them. OUT appears whole or not at all.
 
         example:  edgepath control --model build/model/model.json --out build/control""")
     p.add_argument("--model", default="build/model/model.json", help="the model record")
@@ -354,8 +354,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _add(sub, "benchmark", "measure every build that runs here against its controls", """\
         Start every 4-bit build that runs on this host (its path passed patch-verify
-        here) and the controls, vLLM bf16 and
-        llama.cpp on the control GGUFs, each in its own process, cold then warm; then
+        here) and the controls, vLLM bf16 and llama.cpp on the control GGUFs, each
+        in its own process, cold then warm; then
         measure decode and prefill interleaved over benchmark.passes rounds, memory
         (RssAnon), and fidelity against bf16 (held-out perplexity, top-1, the fixed
         prompts reproduced). A path this host cannot run is recorded as not measured
