@@ -74,19 +74,18 @@ def breakdown() -> dict:
     """Per decode step, milliseconds by category (``_category``) for the host's build and bf16."""
     from transformers import AutoTokenizer
 
-    from edgepath import benchmark
-    from edgepath.patch_verify import engine_env
+    from edgepath import benchmark, records
     from edgepath.prompts import fixed_prompt_ids
-    from edgepath.select import CPU_ENGINES
 
     model = ROOT / "build/model/hf"
     vocab = json.loads((model / "config.json").read_text())["vocab_size"]
     prompt = fixed_prompt_ids(AutoTokenizer.from_pretrained(model, local_files_only=True))[0]
-    engine = CPU_ENGINES["w4a16-tinygemm"]
-    arms = [benchmark.Arm("w4a16-tinygemm", "build", "vllm", ROOT / "build/weights/w4a16-tinygemm",
-                          engine.quantization, tuple(sorted(engine_env(engine).items()))),
-            benchmark.Arm(benchmark.BF16_CONTROL, "control", "vllm", model, None,
-                          (("EDGEPATH_FUSED_CPU_NORMS", "0"), ("VLLM_CPU_INT4_W4A8", "0")))]
+    parameters = records.read(ROOT / "build/model/model.json", "model")["parameters"]
+    # the stage's own arms: the host's build (it must have passed patch-verify here) and vLLM bf16
+    arms, states = benchmark.plan(["w4a16-tinygemm"], ROOT / "build/verify", ROOT / "build/weights", model,
+                                  parameters, None, ROOT / "build/control")
+    if states["w4a16-tinygemm"]["state"] != "measured":
+        raise SystemExit(f"w4a16-tinygemm: {states['w4a16-tinygemm']['detail']}")
     threads = os.cpu_count() or 1
     out = {}
     with tempfile.TemporaryDirectory(prefix="edgepath-breakdown-") as work:

@@ -129,22 +129,15 @@ class Arm:
 
 # ---------------------------------------------------------------- arms
 
-_DTYPE_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
-                "BOOL": 1}
-
-
 def _stored_bytes(directory: Path) -> tuple[int, int]:
     """(tensor bytes of a safetensors checkpoint, the bytes a decode step reads of them):
     every tensor, except the embedding table where the checkpoint has its own head (a
     step then reads one row of it)."""
-    from safetensors import safe_open
+    from .hf_model import tensor_bytes
 
     sizes: dict[str, int] = {}
     for f in sorted(directory.glob("*.safetensors")):
-        with safe_open(f, "np") as sf:
-            for name in sf.keys():
-                s = sf.get_slice(name)
-                sizes[name] = math.prod(s.get_shape()) * _DTYPE_BYTES[s.get_dtype()]
+        sizes.update(tensor_bytes(f))
     total = sum(sizes.values())
     untied = any(name.startswith("lm_head.") for name in sizes)
     embedding = sum(n for name, n in sizes.items() if name.endswith("embed_tokens.weight"))
@@ -371,16 +364,14 @@ def _summary(samples: list[float], digits: int = 1) -> dict[str, Any]:
 
 
 def _fidelity(scored: dict[str, list], greedy: list[list[int]], reference: dict[str, Any]) -> dict[str, Any]:
-    from .quant.evaluate import common_prefix
+    from .engine_check import agreement, greedy_summary
 
     nll = [x for seq in scored["nll"] for x in seq]
-    pairs = [(a, b) for s, r in zip(scored["top1"], reference["top1"]) for a, b in zip(s, r)]
-    prefixes = [common_prefix(g, r) for g, r in zip(greedy, reference["greedy"])]
+    summary = greedy_summary(greedy, reference["greedy"])
     return {"perplexity": round(math.exp(sum(nll) / len(nll)), 3),
-            "top1_vs_bf16": round(sum(a == b for a, b in pairs) / len(pairs), 4),
-            "prompts_reproduced": sum(p == len(r) for p, r in zip(prefixes, reference["greedy"])),
-            "prompts": len(prefixes),
-            "mean_identical_leading_tokens": round(sum(prefixes) / len(prefixes), 2)}
+            "top1_vs_bf16": round(agreement(scored["top1"], reference["top1"]), 4),
+            "prompts_reproduced": summary["identical"], "prompts": summary["prompts"],
+            "mean_identical_leading_tokens": round(summary["mean_identical_leading_tokens"], 2)}
 
 
 def _ratios(arm: dict[str, Any], by_name: dict[str, dict[str, Any]]) -> dict[str, Any]:

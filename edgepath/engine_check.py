@@ -97,12 +97,12 @@ def dequantized_reference(checkpoint: Path, base_model: Path):
     return model
 
 
-def _agreement(engine: list[list[int]], reference: list[list[int]]) -> float:
+def agreement(engine: list[list[int]], reference: list[list[int]]) -> float:
     pairs = [(a, b) for e, r in zip(engine, reference) for a, b in zip(e, r)]
     return sum(a == b for a, b in pairs) / len(pairs)
 
 
-def _greedy_summary(engine: list[list[int]], reference: list[list[int]]) -> dict[str, Any]:
+def greedy_summary(engine: list[list[int]], reference: list[list[int]]) -> dict[str, Any]:
     from .quant.evaluate import common_prefix
 
     prefixes = [common_prefix(e, r) for e, r in zip(engine, reference)]
@@ -138,8 +138,8 @@ def compare(measured: dict[str, Any], checkpoint: Path, base_model: Path, sequen
             top1 = [model(input_ids=torch.tensor([s]), use_cache=False).logits[0, :-1].argmax(-1).tolist()
                     for s in sequences]
             comparisons[name] = {
-                "teacher_forced_top1_agreement": round(_agreement(measured["top1"], top1), 4),
-                "greedy": _greedy_summary(measured["greedy"], [greedy(model, p, new_tokens) for p in prompts]),
+                "teacher_forced_top1_agreement": round(agreement(measured["top1"], top1), 4),
+                "greedy": greedy_summary(measured["greedy"], [greedy(model, p, new_tokens) for p in prompts]),
             }
     return comparisons
 

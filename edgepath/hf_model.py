@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import struct
 from pathlib import Path
@@ -103,6 +104,12 @@ def read_safetensors_header(path: Path) -> dict[str, dict[str, Any]]:
     if end < data_bytes:
         raise EdgepathError(f"{path}: {data_bytes - end} unexpected bytes after the last tensor (corrupt file)")
     return tensors
+
+
+def tensor_bytes(path: Path) -> dict[str, int]:
+    """Tensor name -> bytes of its data in one safetensors file (header checked)."""
+    return {name: math.prod(t["shape"]) * _DTYPE_BYTES[t["dtype"]]
+            for name, t in read_safetensors_header(path).items()}
 
 
 def _load_json(path: Path, what: str) -> Any:
