@@ -27,6 +27,7 @@ stages, in pipeline order:
   check     a 4-bit checkpoint in real vLLM against its own weights and bf16
   patch-verify  a path's artifact in real vLLM with edgepath's plugin: patches, kernel, cache
   control   the model as llama.cpp GGUFs (F16, Q4_K_M, Q4_0): the benchmark's control
+  export    a phone's build: an ExecuTorch program (QNN w8a16 calibrated, or XNNPACK 8da4w)
   benchmark every build that runs here against vLLM bf16 and llama.cpp, interleaved
   manifest  every target's path and artifacts in manifest.json; `show` prints it
 
@@ -184,6 +185,24 @@ def cmd_control(args: argparse.Namespace) -> None:
     print(f"control: {files} -> {args.out}")
 
 
+def cmd_export(args: argparse.Namespace) -> None:
+    from . import export, fleet, model
+
+    model_dir = Path(args.model)
+    if model_dir.is_file():  # a model record: export the directory it names
+        model_dir = model.model_directory(model_dir, records.read(model_dir, "model"))
+    settings = export.Settings.from_params(fleet.namespace(args.params, "export"),
+                                           fleet.namespace(args.params, "quantize").get("calibration") or {})
+    record = export.run(args.path, model_dir, args.out, settings)
+    parity = record["parity"]
+    check = record.get("runtime_check")
+    ran = (f", in ExecuTorch {check['decode_tok_s']['median']:.1f} tok/s on {check['threads']} threads, top-1 "
+           f"{check['against_eager']['top1_agreement']:.3f} against eager" if check else "")
+    print(f"export: {args.path}: top-1 {parity['top1_agreement']:.3f} and logit SQNR {parity['logit_sqnr_db']} dB "
+          f"against fp32{ran}; .pte {record['pte']['state']}"
+          f"{'' if record['pte']['state'] == 'built' else ': ' + record['pte']['detail']} -> {args.out}")
+
+
 def cmd_benchmark(args: argparse.Namespace) -> None:
     from . import benchmark, fleet, probe, quantize
 
@@ -205,7 +224,7 @@ def cmd_manifest_build(args: argparse.Namespace) -> None:
 
     imports = fleet.namespace(args.params, "manifest").get("benchmark_imports") or []
     built = manifest.build(fleet.load(args.params), args.model, args.selections, args.out, args.weights,
-                           args.verify, args.benchmark, list(imports))
+                           args.verify, args.exports, args.benchmark, list(imports))
     if args.metrics:
         atomic.write_text(args.metrics, json.dumps(manifest.target_metrics(built), indent=2) + "\n")
     print(f"manifest: {len(built['targets'])} targets -> {args.out}")
@@ -267,7 +286,8 @@ def build_parser() -> argparse.ArgumentParser:
 
         AMX x86 CPUs get w4a8-amx (GPTQ, vLLM's int4 x int8 kernel) for speed;
         other x86 CPUs, priority 'fidelity' and Arm CPUs get w4a16-tinygemm
-        (Arm flagged unverified); NPUs get a calibrated w8a16 export; CUDA GPUs
+        (Arm flagged unverified); a phone gets an ExecuTorch export (w8a16-qnn with
+        a Qualcomm NPU, w4a8-xnnpack otherwise); CUDA GPUs
         run bf16 (fp16 without bf16). --model fixes the group size from the
         model's layer shapes; --out writes the selection record the manifest reads.
 
@@ -352,6 +372,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output directory (replaced atomically)")
     p.set_defaults(func=cmd_control)
 
+    p = _add(sub, "export", "a phone's build: an ExecuTorch program", """\
+        Export the model as the ExecuTorch program a phone runs.
+
+        w8a16-qnn (a Qualcomm NPU): QNN 16a8w, calibrated on real text run through
+        the reference model, saved as a torch.export program (program.pt2) with its
+        calibration record and its parity against fp32 (top-1, KL, logit SQNR),
+        refused below export.qnn's gate; lowered to a QNN model.pte only where
+        QNN_SDK_ROOT points to Qualcomm's SDK, otherwise the record says why not.
+        w4a8-xnnpack (any phone's CPU): int4 weights, int8 dynamic activations, int8
+        embedding, a KV cache, lowered to XNNPACK (slow: minutes, one core) and run
+        here in ExecuTorch's runtime against the eager model quantized the same way.
+        OUT also holds the tokenizer and generation settings, and export.json.
+
+        example:  edgepath export --path w4a8-xnnpack --out build/exports/w4a8-xnnpack""")
+    p.add_argument("--path", required=True, help="w8a16-qnn or w4a8-xnnpack")
+    p.add_argument("--model", default="build/model/model.json", help="the model record, or a Hugging Face directory")
+    p.add_argument("--params", default="params.yaml", help="export settings and quantize.calibration's corpus")
+    p.add_argument("--out", required=True, help="output directory (replaced atomically)")
+    p.set_defaults(func=cmd_export)
+
     p = _add(sub, "benchmark", "measure every build that runs here against its controls", """\
         Start every 4-bit build that runs on this host (its path passed patch-verify
         here) and the controls, vLLM bf16 and llama.cpp on the control GGUFs, each
@@ -385,6 +425,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--selections", default="build/selections")
     b.add_argument("--weights", default="build/weights", help="where quantize@<path> wrote its checkpoints")
     b.add_argument("--verify", default="build/verify", help="where patch-verify@<path> wrote its records")
+    b.add_argument("--exports", default="build/exports", help="where export@<path> wrote its programs")
     b.add_argument("--benchmark", default="build/benchmark/benchmark.json", help="the benchmark record")
     b.add_argument("--metrics", help="also write each target's headline figures here (dvc metrics)")
     b.add_argument("--out", default="manifest.json")

@@ -122,6 +122,15 @@ def load(path: str | Path = "params.yaml") -> Params:
     return parse(_read(path), root=path.parent)
 
 
+def check_keys(where: str, mapping: Any, known: set[str]) -> None:
+    """Refuse a settings section that is not a mapping or has keys no stage reads."""
+    if not isinstance(mapping, dict):
+        raise EdgepathError(f"{where} must be a mapping, got {mapping!r}")
+    unknown = sorted(set(mapping) - known)
+    if unknown:
+        raise EdgepathError(f"{where}: unknown keys {unknown} (known: {sorted(known)})")
+
+
 def namespace(path: str | Path, name: str) -> dict[str, Any]:
     """Only the ``name`` namespace of a params file (``quantize``, ``benchmark``, ...):
     a stage that needs no fleet reads no fleet; {} where the file lacks it."""

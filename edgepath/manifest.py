@@ -8,7 +8,10 @@ written and when read.
 A target's ``verification.verified`` is true only where its build ran on such
 hardware and matched its reference: where a patch-verify record covers the
 target (``patch_verify.covers_target``: same kernel ISA tier as the build
-host), that record's verdict; elsewhere the selection's kernel evidence.
+host), that record's verdict; elsewhere the selection's kernel evidence. A
+phone's program is checked on the build host (``checked off-device``), which is
+not a phone, so it stays unverified. A phone whose program cannot be lowered
+here (QNN without Qualcomm's SDK) has its path's fallback build beside it.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from .fleet import Params
 from .hf_model import sha256_file
 from .model import model_directory
 from .benchmark import RECORD_KIND as BENCHMARK_KIND, for_target
+from .export import RECORD_NAME as EXPORT_RECORD
 from .patch_verify import RECORD_KIND as VERIFY_KIND, covers_target
 from .quantize import REPORT_NAME
 
@@ -36,6 +40,10 @@ def _relative(path: Path, base: Path) -> str:
         return path.resolve().relative_to(base.resolve()).as_posix()
     except ValueError:
         return str(path.resolve())
+
+
+def _artifact(path: Path, base: Path) -> dict[str, Any]:
+    return {"path": _relative(path, base), "size": path.stat().st_size, "sha256": sha256_file(path)}
 
 
 def _quantization_summary(report: dict[str, Any], check: dict[str, Any]) -> dict[str, Any]:
@@ -61,8 +69,9 @@ def _quantization_summary(report: dict[str, Any], check: dict[str, Any]) -> dict
 
 
 def _build(selection: dict[str, Any], model_record: dict[str, Any], model_dir: Path, weights_dir: Path,
-           base: Path):
-    """(build state, artifacts, quantization summary or None) of one target."""
+           export: dict[str, Any] | None, exports_dir: Path, base: Path):
+    """(build state, artifacts, quantization summary or None) of one target; ``export``:
+    its export record, where its path is an export that was built."""
     stage = selection["path"]["build_with"].split()[0]
     if stage == _BUILT_BY_MODEL_STAGE:
         artifacts = [
@@ -77,21 +86,88 @@ def _build(selection: dict[str, Any], model_record: dict[str, Any], model_dir: P
         if report["model"]["fingerprint"] != model_record["fingerprint"]:
             raise EdgepathError(f"{built}: quantized from another model (fingerprint differs); re-run quantize@{name}")
         check = records.read(built / CHECK_NAME, "engine_check")
-        artifacts = [{"path": _relative(f, base), "size": f.stat().st_size, "sha256": sha256_file(f)}
-                     for f in sorted(built.iterdir()) if f.is_file()]
+        artifacts = [_artifact(f, base) for f in sorted(built.iterdir()) if f.is_file()]
         checked = (f"engine check not run on the build host: {check['not_run']}" if check["not_run"]
                    else f"engine check {'passed' if check['passed'] else 'FAILED'}")
         return ({"state": "built", "detail": f"quantize@{name}: {report['format']['quant_method']} checkpoint, "
                  f"{checked}"},
                 artifacts, _quantization_summary(report, check))
-    why = (f"add {name} to quantize.paths in params.yaml" if stage == "quantize"
+    if export is not None:
+        artifacts = _export_artifacts(exports_dir / name, export, base)
+        return {"state": "built", "detail": _export_detail(export)}, artifacts, None
+    where = {"quantize": "quantize.paths", "export": "export.paths"}.get(stage)
+    why = (f"add {name} to {where} in params.yaml" if where
            else f"the {stage} stage does not exist in this pipeline yet")
     return {"state": "pending", "detail": f"built by the {stage} stage; {why}"}, [], None
 
 
-def _verification(selection: dict[str, Any], verify_dir: Path, base: Path) -> dict[str, Any]:
+def export_record(selection: dict[str, Any], exports_dir: Path, model_record: dict[str, Any]) -> dict[str, Any] | None:
+    """The export record of the target's path, or None (not an export path, or not built)."""
+    path = selection["path"]
+    if not path["build_with"].startswith("export") or not (exports_dir / path["name"] / EXPORT_RECORD).is_file():
+        return None
+    return read_export(exports_dir / path["name"], model_record)
+
+
+def read_export(directory: Path, model_record: dict[str, Any]) -> dict[str, Any]:
+    """The export stage's record in ``directory``, for this model."""
+    record = records.read(directory / EXPORT_RECORD, "export")
+    if record["model"]["fingerprint"] != model_record["fingerprint"]:
+        raise EdgepathError(f"{directory}: exported from another model (fingerprint differs); "
+                            f"re-run export@{record['path']}")
+    return record
+
+
+def _export_artifacts(directory: Path, record: dict[str, Any], base: Path) -> list[dict[str, Any]]:
+    files = [{**f, "path": _relative(directory / f["path"], base)} for f in record["files"]]
+    return [*files, _artifact(directory / EXPORT_RECORD, base)]
+
+
+def _export_detail(record: dict[str, Any]) -> str:
+    parity, pte = record["parity"], record["pte"]
+    sqnr = "exact" if parity["logit_sqnr_db"] is None else f"{parity['logit_sqnr_db']:.1f} dB"
+    against_fp32 = (f"top-1 {parity['top1_agreement']:.3f}, KL {parity['kl_nats']:.4f} nats, logit SQNR {sqnr} "
+                    f"against fp32 on {parity['positions']} held-out positions")
+    if "soc" in record["program"]:
+        calibration = record["calibration"]
+        made = (f"export@{record['path']}: {record['program']['precision']} for {record['program']['soc']}, calibrated "
+                f"on {calibration['samples']} x {calibration['length']} tokens of {calibration['corpus']} "
+                f"({calibration['chat_samples']} chat turns); {against_fp32}")
+    else:
+        made = f"export@{record['path']}: {record['program']['precision']}; {against_fp32}"
+    return f"{made}; .pte {pte['state']}" + ("" if pte["state"] == "built" else f": {pte['detail']}")
+
+
+def _export_summary(selection: dict[str, Any], record: dict[str, Any], exports_dir: Path,
+                    model_record: dict[str, Any], base: Path) -> dict[str, Any]:
+    """A phone target's program (``record``): its precision, calibration, parity and .pte
+    state, and where the .pte cannot be built here, the fallback build the device runs
+    meanwhile."""
+    path = selection["path"]
+    summary = {"program": record["program"], "calibration": record["calibration"], "parity": record["parity"],
+               "pte": record["pte"], "generation": record["generation"],
+               **({"runtime_check": record["runtime_check"]} if "runtime_check" in record else {})}
+    fallback = path["fallback"]
+    if record["pte"]["state"] == "built" or fallback is None:
+        return summary
+    fallback_dir = exports_dir / fallback
+    if not (fallback_dir / EXPORT_RECORD).is_file():
+        return {**summary, "fallback": {"path": fallback, "state": "pending",
+                                        "detail": f"add {fallback} to export.paths in params.yaml", "artifacts": []}}
+    other = read_export(fallback_dir, model_record)
+    return {**summary, "fallback": {
+        "path": fallback, "state": "built",
+        "detail": (f"until {path['name']}'s .pte is lowered ({record['pte']['detail']}), the device runs "
+                   f"{fallback} on its CPU: {_export_detail(other)}"),
+        "artifacts": _export_artifacts(fallback_dir, other, base)}}
+
+
+def _verification(selection: dict[str, Any], verify_dir: Path, export: dict[str, Any] | None,
+                  base: Path) -> dict[str, Any]:
     path = selection["path"]
     static = {"verified": path["verified"], "record": None}
+    if export is not None:
+        return {**static, **_export_verification(path["name"], export)}
     if not (path["runs_in_vllm"] and path["quantization"]):
         return {**static, "state": "not run here",
                 "detail": f"patch-verify runs the 4-bit vLLM CPU paths; {path['name']} is built by "
@@ -119,16 +195,36 @@ def _verification(selection: dict[str, Any], verify_dir: Path, base: Path) -> di
                        f"{record['starts']['cold_s']:.0f} s)")}
 
 
+def _export_verification(name: str, export: dict[str, Any]) -> dict[str, Any]:
+    check = export.get("runtime_check")
+    if check is None:
+        return {"state": "not run here",
+                "detail": (f"{name}'s program was checked against fp32 on the build host with its quantization "
+                           f"simulated (export record); no NPU ran it")}
+    eager, greedy = check["against_eager"], check["greedy"]
+    return {"state": "checked off-device",
+            "detail": (f"{name}'s .pte ran in {check['engine']} (the build host, not a phone): teacher-forced top-1 "
+                       f"{eager['top1_agreement']:.3f} against {eager['what']} (against fp32: the .pte "
+                       f"{export['parity']['top1_agreement']:.3f}, the eager model "
+                       f"{check['eager_against_fp32']['top1_agreement']:.3f}), {greedy['reproduced']}/"
+                       f"{greedy['prompts']} prompts reproduced over {greedy['tokens']} tokens; no phone ran it")}
+
+
 def _benchmark(selection: dict[str, Any], record: dict[str, Any] | None, record_path: Path,
-               imported: list[tuple[str, dict[str, Any]]], base: Path) -> dict[str, Any]:
+               imported: list[tuple[str, dict[str, Any]]], export: dict[str, Any] | None,
+               base: Path) -> dict[str, Any]:
     """A target's headline figures from the benchmark (``benchmark.for_target``), with the
     run's date, host digest and versions, the measuring host's where imported; or why
-    there are none."""
+    there are none (with a phone program's decode on the build host, where it ran)."""
     if record is None:
         return {"state": "not run", "detail": "the benchmark stage has not run", "record": None}
     reference = {"record": _relative(record_path, base)}
     state, arm, detail = for_target(selection, record, imported)
     if arm is None:
+        check = (export or {}).get("runtime_check")
+        if check is not None:
+            detail += (f"; off-device, its .pte decoded {check['decode_tok_s']['median']:.1f} tok/s on "
+                       f"{check['threads']} threads of the build host's CPU (export record)")
         return {"state": state, **reference, "detail": detail}
     fid = arm["fidelity"]
     run = arm["provenance"]
@@ -154,12 +250,18 @@ def target_metrics(manifest: dict[str, Any]) -> dict[str, Any]:
             metrics[t["tag"]] = {**{k: b["figures"][k] for k in ("decode_tok_s", "prefill_tok_s", "perplexity",
                                                                  "prompts_reproduced")},
                                  **{k: b["ratios"][k] for k in ("decode_vs_bf16", "decode_vs_llama_q4_k_m")}}
+        elif "export" in t:  # a phone: its program against fp32, and its decode off-device
+            parity, check = t["export"]["parity"], t["export"].get("runtime_check")
+            metrics[t["tag"]] = {"top1_vs_fp32": parity["top1_agreement"], "kl_vs_fp32": parity["kl_nats"],
+                                 "logit_sqnr_db": parity["logit_sqnr_db"],
+                                 **({"off_device_decode_tok_s": check["decode_tok_s"]["median"]} if check else {})}
     return metrics
 
 
 def build(params: Params, model_record_path: str | os.PathLike, selections_dir: str | os.PathLike,
           out: str | os.PathLike, weights_dir: str | os.PathLike = "build/weights",
           verify_dir: str | os.PathLike = "build/verify",
+          exports_dir: str | os.PathLike = "build/exports",
           benchmark_path: str | os.PathLike = "build/benchmark/benchmark.json",
           benchmark_imports: list[str] = ()) -> dict[str, Any]:
     """Gather the fleet into a manifest record and write it atomically to ``out``.
@@ -182,7 +284,11 @@ def build(params: Params, model_record_path: str | os.PathLike, selections_dir: 
             raise EdgepathError(f"{path}: holds target {selection['tag']!r}, expected {tag!r}")
         if selection["model"]["fingerprint"] != model_record["fingerprint"]:
             raise EdgepathError(f"{path}: selected for another model (fingerprint differs); re-run select@{tag}")
-        build_state, artifacts, quantization = _build(selection, model_record, model_dir, Path(weights_dir), base)
+        exported = export_record(selection, Path(exports_dir), model_record)
+        build_state, artifacts, quantization = _build(selection, model_record, model_dir, Path(weights_dir),
+                                                      exported, Path(exports_dir), base)
+        export = (None if exported is None
+                  else _export_summary(selection, exported, Path(exports_dir), model_record, base))
         targets.append({
             "tag": tag,
             "platform": selection["platform"],
@@ -190,10 +296,11 @@ def build(params: Params, model_record_path: str | os.PathLike, selections_dir: 
             "profile": selection["profile"],
             "path": selection["path"],
             "build": build_state,
-            "verification": _verification(selection, Path(verify_dir), base),
-            "benchmark": _benchmark(selection, benchmark, benchmark_path, imported, base),
+            "verification": _verification(selection, Path(verify_dir), export, base),
+            "benchmark": _benchmark(selection, benchmark, benchmark_path, imported, export, base),
             "artifacts": artifacts,
             **({"quantization": quantization} if quantization else {}),
+            **({"export": export} if export else {}),
         })
     manifest = {
         **records.envelope("manifest"),
@@ -257,6 +364,9 @@ def render(manifest: dict[str, Any]) -> str:
         lines += ["", f"{t['tag']}: {t['path']['rationale']}"]
         lines += [f"  - {note}" for note in t["path"]["notes"]]
         lines.append(f"  - build: {t['build']['detail']}")
+        fallback = t.get("export", {}).get("fallback")
+        if fallback:
+            lines.append(f"  - meanwhile: {fallback['state']}: {fallback['detail']}")
         lines.append(f"  - verification: {t['verification']['state']}: {t['verification']['detail']}")
         lines.append(f"  - benchmark: {_benchmark_line(t['benchmark'])}")
     return "\n".join(lines) + "\n"

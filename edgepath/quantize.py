@@ -39,6 +39,7 @@ from typing import Any
 
 from . import __version__, atomic, engine_check, hf_model, records, shapes
 from .errors import EdgepathError
+from .fleet import check_keys
 from .select import CPU_ENGINES
 
 REPORT_NAME = "quantization_report.json"
@@ -108,7 +109,7 @@ class Settings:
         gptq: {search, damp, group_order}, eval: {windows, length}}``; absent keys keep
         their defaults, unknown keys are refused."""
         known = {"paths", "head", "calibration", "gptq", "eval"}
-        _no_unknown("quantize", params, known)
+        check_keys("quantize", params, known)
         flat: dict[str, Any] = {}
         if "head" in params:
             flat["head"] = params["head"]
@@ -118,7 +119,7 @@ class Settings:
             ("eval", ("windows", "length"), "eval_"),
         ):
             sub = params.get(section) or {}
-            _no_unknown(f"quantize.{section}", sub, set(keys))
+            check_keys(f"quantize.{section}", sub, set(keys))
             flat.update({prefix + k: sub[k] for k in keys if k in sub})
         if "holdout" in flat:
             holdout = flat["holdout"]
@@ -145,14 +146,6 @@ class Settings:
         if not 0 < settings.damp < 1:
             raise EdgepathError(f"quantize.gptq.damp must be in (0, 1), got {settings.damp}")
         return settings
-
-
-def _no_unknown(where: str, mapping: Any, known: set[str]) -> None:
-    if not isinstance(mapping, dict):
-        raise EdgepathError(f"{where} must be a mapping, got {mapping!r}")
-    unknown = sorted(set(mapping) - known)
-    if unknown:
-        raise EdgepathError(f"{where}: unknown keys {unknown} (known: {sorted(known)})")
 
 
 def path_format(path: str) -> PathFormat:

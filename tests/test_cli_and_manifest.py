@@ -56,7 +56,7 @@ def test_select_refuses_a_platform_the_cpu_cannot_run(tmp_path):
     assert done.returncode == 2 and "must be linux/arm64" in done.stderr
 
 
-@pytest.mark.parametrize("name", ["x86-avx2", "arm64-server", "phone-npu", "gpu-cuda"])
+@pytest.mark.parametrize("name", ["x86-avx2", "arm64-server", "phone-npu", "phone-cpu", "gpu-cuda"])
 def test_captured_profiles_are_valid_and_say_how_they_were_made(name):
     record = records.read(ROOT / "profiles" / f"{name}.json", "profile")
     assert record["source"].startswith(("hand-written:", "probe:", "snapshot:"))
@@ -71,7 +71,7 @@ def test_selection_record_needs_a_model(tmp_path):
 def test_records_of_another_schema_version_are_refused(tmp_path):
     path = tmp_path / "m.json"
     path.write_text(json.dumps({"kind": "edgepath.manifest", "schema_version": 1}))
-    with pytest.raises(EdgepathError, match="schema_version 1; this edgepath reads version 3"):
+    with pytest.raises(EdgepathError, match="schema_version 1; this edgepath reads version 4"):
         records.read(path, "manifest")
 
 

@@ -18,7 +18,8 @@ def project(tmp_path):
 
 def test_shipped_params_are_valid():
     params = fleet.load(ROOT / "params.yaml")
-    assert list(params.targets) == ["host", "xeon-amx", "x86-avx2", "arm64-server", "phone-npu", "gpu-cuda"]
+    assert list(params.targets) == ["host", "xeon-amx", "x86-avx2", "arm64-server", "phone-npu", "phone-cpu",
+                                    "gpu-cuda"]
     assert params.targets["host"].profile == fleet.PROBE
     assert params.model_source == "embedded"
     assert params.quantize["paths"] == ["w4a8-amx", "w4a16-tinygemm"]

@@ -21,12 +21,21 @@ def test_repro_writes_a_valid_manifest_naming_every_target(pipeline):
     assert [t["tag"] for t in m["targets"]] == list(fleet)
     for stage in ("model", *(f"{s}@{tag}" for s in ("probe", "select") for tag in fleet),
                   "quantize@w4a8-amx", "quantize@w4a16-tinygemm", "patch_verify@w4a8-amx",
-                  "patch_verify@w4a16-tinygemm", "control", "benchmark", "manifest"):
+                  "patch_verify@w4a16-tinygemm", "export@w8a16-qnn", "control", "benchmark", "manifest"):
         assert f"Running stage '{stage}'" in log
     model_record = records.read(dest / "build/model/model.json", "model")
     assert m["model"]["fingerprint"] == model_record["fingerprint"]
     by_tag = {t["tag"]: t for t in m["targets"]}
-    assert by_tag["phone-npu"]["path"]["name"] == "w8a16-export"
+    npu = by_tag["phone-npu"]
+    assert npu["path"]["name"] == "w8a16-qnn" and npu["build"]["state"] == "built"
+    assert npu["export"]["parity"]["passed"] is True and npu["export"]["calibration"]["samples"] == 8
+    assert npu["export"]["pte"]["state"] == "not built" and "QNN_SDK_ROOT" in npu["export"]["pte"]["detail"]
+    assert "build/exports/w8a16-qnn/program.pt2" in {a["path"] for a in npu["artifacts"]}
+    # the CPU build the NPU phone runs meanwhile is not in this run's export.paths
+    assert npu["export"]["fallback"]["state"] == "pending" and "w4a8-xnnpack" in npu["export"]["fallback"]["detail"]
+    cpu_phone = by_tag["phone-cpu"]
+    assert cpu_phone["path"]["name"] == "w4a8-xnnpack" and cpu_phone["build"]["state"] == "pending"
+    assert "add w4a8-xnnpack to export.paths" in cpu_phone["build"]["detail"]
     assert by_tag["arm64-server"]["path"]["verified"] is False
     assert by_tag["arm64-server"]["platform"] == "linux/arm64"
     assert by_tag["x86-avx2"]["path"]["group_size"] == 64  # from SmolLM2's 576-wide layers
@@ -66,7 +75,7 @@ def test_repro_writes_a_valid_manifest_naming_every_target(pipeline):
 def test_manifest_show_prints_every_target(pipeline):
     dest, env, _ = pipeline
     out = _run(["edgepath", "manifest", "show"], dest, env)
-    for tag in ("host", "xeon-amx", "x86-avx2", "arm64-server", "phone-npu", "gpu-cuda"):
+    for tag in ("host", "xeon-amx", "x86-avx2", "arm64-server", "phone-npu", "phone-cpu", "gpu-cuda"):
         assert f"\n{tag} " in out and f"\n{tag}: " in out
 
 
@@ -89,8 +98,9 @@ def test_changing_one_priority_reruns_only_that_target(pipeline):
     try:
         log = _run(["dvc", "repro"], dest, env)
         assert "Running stage 'select@x86-avx2'" in log
-        for tag in ("arm64-server", "phone-npu", "gpu-cuda"):
+        for tag in ("arm64-server", "phone-npu", "phone-cpu", "gpu-cuda"):
             assert f"Stage 'select@{tag}' didn't change, skipping" in log
+        assert "Stage 'export@w8a16-qnn' didn't change, skipping" in log
         assert "Stage 'model' didn't change, skipping" in log
         assert "Stage 'quantize@w4a8-amx' didn't change, skipping" in log
         assert "Stage 'patch_verify@w4a16-tinygemm' didn't change, skipping" in log

@@ -12,7 +12,8 @@ from .conftest import HOSTS
 AMX = HardwareProfile(arch="x86_64", cpu_model="Xeon", cpu_flags=["avx512f", "amx_tile", "amx_bf16", "amx_int8"])
 AVX2 = HardwareProfile(arch="x86_64", cpu_model="Ryzen", cpu_flags=["avx2"])
 ARM = HardwareProfile(arch="aarch64", cpu_model="Neoverse-V1", cpu_flags=["neon", "bf16", "sve"])
-PHONE = HardwareProfile(arch="aarch64", accelerator="npu:qualcomm", npu_driver="fastrpc")
+PHONE = HardwareProfile(arch="aarch64", accelerator="npu:qualcomm", npu_driver="fastrpc",
+                        kernel_release="6.1.57-android14-11")
 GPU = HardwareProfile(arch="x86_64", accelerator="cuda_discrete", gpu_name="NVIDIA L4", supports_bf16=True)
 OLD_GPU = HardwareProfile(arch="x86_64", accelerator="cuda_discrete", gpu_name="Tesla T4", supports_bf16=False)
 JETSON = HardwareProfile(arch="aarch64", accelerator="cuda_unified", gpu_name="Orin", supports_bf16=True)
@@ -52,9 +53,27 @@ def test_arm_gets_unverified_bf16_activation_4bit():
 
 def test_phone_npu_gets_calibrated_export():
     p = select_weight_path(PHONE)
+    assert p.name == "w8a16-qnn" and p.activations.startswith("int16")
     assert p.quantization is None and p.runs_in_vllm is False and p.as_engine_kwargs() == {}
     assert "export" in p.build_with
     assert any("calibrat" in n and "real" in n for n in p.notes)
+    assert p.fallback == "w4a8-xnnpack" and any("QNN_SDK_ROOT" in n for n in p.notes)
+
+
+@pytest.mark.parametrize("change, why", [
+    ({"accelerator": "none", "npu_driver": None}, "no NPU"),
+    ({"accelerator": "npu:mediatek"}, "not one edgepath's QNN export"),
+    ({"npu_driver": None}, "not one edgepath's QNN export"),
+])
+def test_phone_without_a_usable_npu_gets_the_xnnpack_export(change, why):
+    p = select_weight_path(dataclasses.replace(PHONE, **change))
+    assert (p.name, p.runs_in_vllm, p.fallback, p.group_size) == ("w4a8-xnnpack", False, None, 32)
+    assert why in p.rationale and "phone" in p.rationale
+
+
+def test_an_arm_cpu_without_npu_or_android_kernel_is_no_phone():
+    server = dataclasses.replace(PHONE, accelerator="none", npu_driver=None, kernel_release="6.1.0-1009-aws")
+    assert select_weight_path(server).name == "w4a16-tinygemm"
 
 
 @pytest.mark.parametrize("profile, name, dtype", [(GPU, "bf16", "bfloat16"), (OLD_GPU, "fp16", "float16"),
@@ -131,7 +150,7 @@ def test_block_linears_skip_embeddings_norms_and_head():
 @pytest.mark.parametrize("host, name", [
     ("xeon-8480c-8vcpu", "w4a8-amx"), ("ryzen-5800x-desktop", "w4a16-tinygemm"),
     ("amd-epyc-zen4-2vcpu", "w4a16-tinygemm"), ("graviton3-16vcpu", "w4a16-tinygemm"),
-    ("snapdragon-8gen3-phone", "w8a16-export"), ("epyc-l4-gpu", "bf16"),
+    ("snapdragon-8gen3-phone", "w8a16-qnn"), ("epyc-l4-gpu", "bf16"),
 ])
 def test_probed_snapshots_select_their_paths(host, name):
     assert select_weight_path(probe.probe(HOSTS / host)).name == name
