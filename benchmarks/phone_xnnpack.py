@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from edgepath import export, fleet, model as model_stage, records  # noqa: E402
+from edgepath import export, model as model_stage, records  # noqa: E402
 
 
 def main() -> None:
@@ -42,9 +42,7 @@ def main() -> None:
 
     model_record = ROOT / "build" / "model" / "model.json"
     model_dir = model_stage.model_directory(model_record, records.read(model_record, "model"))
-    params = ROOT / "params.yaml"
-    settings = export.Settings.from_params(fleet.namespace(params, "export"),
-                                           fleet.namespace(params, "quantize").get("calibration") or {})
+    settings = export.Settings.from_file(ROOT / "params.yaml")
     x = settings.xnnpack
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     windows = calibration.evaluation_set(tokenizer, calibration.load_corpus(settings.corpus, list(settings.holdout)),

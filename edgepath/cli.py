@@ -186,14 +186,12 @@ def cmd_control(args: argparse.Namespace) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> None:
-    from . import export, fleet, model
+    from . import export, model
 
     model_dir = Path(args.model)
     if model_dir.is_file():  # a model record: export the directory it names
         model_dir = model.model_directory(model_dir, records.read(model_dir, "model"))
-    settings = export.Settings.from_params(fleet.namespace(args.params, "export"),
-                                           fleet.namespace(args.params, "quantize").get("calibration") or {})
-    record = export.run(args.path, model_dir, args.out, settings)
+    record = export.run(args.path, model_dir, args.out, export.Settings.from_file(args.params))
     parity = record["parity"]
     check = record.get("runtime_check")
     ran = (f", in ExecuTorch {check['decode_tok_s']['median']:.1f} tok/s on {check['threads']} threads, top-1 "

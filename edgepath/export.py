@@ -17,12 +17,14 @@ vLLM does not run on phones; a phone gets a program. Two paths (``PATHS``):
 Lifecycle of ``run(path, model_dir, out, settings)``:
 
 1. Refuse what cannot work before any slow step: an unknown path, an unknown SoC,
-   widths the group size does not divide, a checkpoint or tokenizer that is
-   missing or corrupt (``hf_model.inspect``), a corpus too short.
+   widths the group size does not divide, a KV cache shorter than the check, a
+   checkpoint or tokenizer that is missing or corrupt (``hf_model.inspect``), a
+   corpus too short.
 2. Build the program and measure it against its reference (per path, above).
-3. Gate: a QNN program whose parity is below ``parity`` (top-1 agreement and
-   logit SQNR against fp32) or an XNNPACK program that disagrees with its eager
-   model is refused. An export without a calibration record and a parity figure is
+3. Gate: a QNN program whose parity against fp32 is below ``export.qnn``'s
+   ``min_top1`` or ``min_sqnr_db`` (set from benchmarks/phone_calibration.py), or an
+   XNNPACK program that disagrees with its eager model (``export.xnnpack.min_top1``),
+   is refused. An export without a calibration record and a parity figure is
    never written: the record's schema requires both.
 4. Write atomically (``atomic.directory``): the program(s), the tokenizer, chat
    template and generation settings the app needs with it, and ``export.json``
@@ -42,7 +44,7 @@ from typing import Any
 
 from . import __version__, atomic, hf_model, records
 from .errors import EdgepathError
-from .fleet import check_keys
+from .fleet import check_keys, namespace
 from .hf_model import sha256_file
 
 RECORD_NAME = "export.json"
@@ -101,6 +103,11 @@ class Settings:
         xnn = _section(XnnpackSettings, "export.xnnpack", export.get("xnnpack") or {})
         shared = QuantizeSettings.from_params({"calibration": calibration})
         return cls(qnn, xnn, shared.corpus, shared.holdout, shared.seed)
+
+    @classmethod
+    def from_file(cls, params: str | Path) -> "Settings":
+        """``from_params`` on a params file's ``export`` and ``quantize.calibration``."""
+        return cls.from_params(namespace(params, "export"), namespace(params, "quantize").get("calibration") or {})
 
 
 def _section(cls, where: str, mapping: dict[str, Any]):

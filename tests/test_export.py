@@ -247,7 +247,6 @@ def test_default_settings_are_params_yaml():
     from .conftest import ROOT
 
     params = ROOT / "params.yaml"
-    settings = export.Settings.from_params(fleet.namespace(params, "export"),
-                                           fleet.namespace(params, "quantize")["calibration"])
+    settings = export.Settings.from_file(params)
     assert (settings.qnn, settings.xnnpack) == (export.QnnSettings(), export.XnnpackSettings())
     assert list(fleet.namespace(params, "export")["paths"]) == list(export.PATHS)

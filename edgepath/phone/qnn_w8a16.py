@@ -50,24 +50,27 @@ def sdk_missing() -> str | None:
     return None
 
 
-def _quantizer(precision: str, soc: str):
-    # Set but empty, the variable stops ExecuTorch's QNN package from downloading the SDK
-    # on import; a real SDK root is kept.
+def _chipsets():
+    """ExecuTorch's ``QcomChipset``. Set but empty, ``QNN_SDK_ROOT`` stops ExecuTorch's QNN
+    package from downloading Qualcomm's SDK when it is imported; a real SDK root is kept."""
     os.environ.setdefault("QNN_SDK_ROOT", "")
-    from executorch.backends.qualcomm.quantizer.quantizer import QnnQuantizer, QuantDtype
     from executorch.backends.qualcomm.serialization.qc_schema import QcomChipset
 
-    dtype = {"w8a16": QuantDtype.use_16a8w, "w8a8": QuantDtype.use_8a8w}[precision]
-    quantizer = QnnQuantizer(soc_model=getattr(QcomChipset, soc))
-    quantizer.set_default_quant_config(dtype, is_linear_per_channel=True, is_conv_per_channel=True)
-    return quantizer
+    return QcomChipset
 
 
 def soc_known(soc: str) -> bool:
-    os.environ.setdefault("QNN_SDK_ROOT", "")
-    from executorch.backends.qualcomm.serialization.qc_schema import QcomChipset
+    return hasattr(_chipsets(), soc)
 
-    return hasattr(QcomChipset, soc)
+
+def _quantizer(precision: str, soc: str):
+    chipsets = _chipsets()
+    from executorch.backends.qualcomm.quantizer.quantizer import QnnQuantizer, QuantDtype
+
+    dtype = {"w8a16": QuantDtype.use_16a8w, "w8a8": QuantDtype.use_8a8w}[precision]
+    quantizer = QnnQuantizer(soc_model=getattr(chipsets, soc))
+    quantizer.set_default_quant_config(dtype, is_linear_per_channel=True, is_conv_per_channel=True)
+    return quantizer
 
 
 @torch.no_grad()
@@ -123,14 +126,14 @@ def load(path: Path) -> torch.fx.GraphModule:
 
 def lower(converted: torch.fx.GraphModule, length: int, soc: str, path: Path) -> None:
     """Step 6: ``converted`` as a QNN HTP ``.pte`` for ``soc``; needs the SDK (``sdk_missing``)."""
-    from executorch.backends.qualcomm.serialization.qc_schema import QcomChipset
+    chipsets = _chipsets()
     from executorch.backends.qualcomm.utils.utils import (generate_htp_compiler_spec,
                                                           generate_qnn_executorch_compiler_spec,
                                                           to_edge_transform_and_lower_to_qnn)
 
     mask, positions = graph.causal_inputs(length)
     specs = generate_qnn_executorch_compiler_spec(
-        soc_model=getattr(QcomChipset, soc), backend_options=generate_htp_compiler_spec(use_fp16=False))
+        soc_model=getattr(chipsets, soc), backend_options=generate_htp_compiler_spec(use_fp16=False))
     edge = to_edge_transform_and_lower_to_qnn(
         converted, (torch.zeros(1, length, dtype=torch.long), mask, positions), specs)
     path.write_bytes(edge.to_executorch().buffer)
