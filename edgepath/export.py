@@ -45,7 +45,7 @@ from typing import Any
 from . import __version__, atomic, hf_model, records
 from .errors import EdgepathError
 from .fleet import check_keys, namespace
-from .hf_model import sha256_file
+from .select import XNNPACK_GROUP_SIZE
 
 RECORD_NAME = "export.json"
 QNN = "w8a16-qnn"
@@ -73,7 +73,7 @@ class QnnSettings:
 class XnnpackSettings:
     """``export.xnnpack`` in params.yaml."""
 
-    group_size: int = 32
+    group_size: int = XNNPACK_GROUP_SIZE
     max_seq_len: int = 512
     threads: int = 2
     check_tokens: int = 256
@@ -131,10 +131,6 @@ def _progress(message: str) -> None:
 def _versions() -> dict[str, str]:
     names = ("torch", "transformers", "executorch", "torchao")
     return {"edgepath": __version__, **{n: importlib.metadata.version(n) for n in names}}
-
-
-def _file(path: Path, base: Path) -> dict[str, Any]:
-    return {"path": path.relative_to(base).as_posix(), "size": path.stat().st_size, "sha256": sha256_file(path)}
 
 
 def _generation(model_dir: Path, tokenizer) -> dict[str, Any]:
@@ -196,7 +192,7 @@ def run(path: str, model_dir: str | Path, out: str | Path, settings: Settings = 
             "model": {"directory": str(model_dir.resolve()), "fingerprint": info["fingerprint"]},
             **sections,
             "generation": _generation(model_dir, tokenizer),
-            "files": [_file(f, scratch) for f in sorted(scratch.iterdir()) if f.is_file()],
+            "files": [hf_model.file_entry(f, scratch) for f in sorted(scratch.iterdir()) if f.is_file()],
             "versions": _versions(),
             "wall_time_s": round(time.monotonic() - started, 1),
         }

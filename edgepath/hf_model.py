@@ -54,6 +54,11 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+def file_entry(path: Path, root: Path) -> dict[str, Any]:
+    """``{path (relative to root), size, sha256}`` of one file, as records list them."""
+    return {"path": path.relative_to(root).as_posix(), "size": path.stat().st_size, "sha256": sha256_file(path)}
+
+
 def _canonical_sha256(obj: Any) -> str:
     text = json.dumps(obj, sort_keys=True, separators=(",", ":"))
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
@@ -221,7 +226,7 @@ def inspect(model_dir: str | os.PathLike, with_file_digests: bool = True) -> dic
     }
     if with_file_digests:
         files = [
-            {"path": p.relative_to(d).as_posix(), "size": p.stat().st_size, "sha256": sha256_file(p)}
+            file_entry(p, d)
             for p in sorted(d.rglob("*"))
             if p.is_file() and not any(part.startswith(".") for part in p.relative_to(d).parts)
         ]

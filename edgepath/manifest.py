@@ -104,13 +104,14 @@ def _build(selection: dict[str, Any], model_record: dict[str, Any], model_dir: P
 def export_record(selection: dict[str, Any], exports_dir: Path, model_record: dict[str, Any]) -> dict[str, Any] | None:
     """The export record of the target's path, or None (not an export path, or not built)."""
     path = selection["path"]
-    if not path["build_with"].startswith("export") or not (exports_dir / path["name"] / EXPORT_RECORD).is_file():
+    return _read_export(path["name"], exports_dir, model_record) if path["build_with"].startswith("export") else None
+
+
+def _read_export(name: str, exports_dir: Path, model_record: dict[str, Any]) -> dict[str, Any] | None:
+    """export@``name``'s record, for this model; None where that stage has not run."""
+    directory = exports_dir / name
+    if not (directory / EXPORT_RECORD).is_file():
         return None
-    return read_export(exports_dir / path["name"], model_record)
-
-
-def read_export(directory: Path, model_record: dict[str, Any]) -> dict[str, Any]:
-    """The export stage's record in ``directory``, for this model."""
     record = records.read(directory / EXPORT_RECORD, "export")
     if record["model"]["fingerprint"] != model_record["fingerprint"]:
         raise EdgepathError(f"{directory}: exported from another model (fingerprint differs); "
@@ -150,16 +151,15 @@ def _export_summary(selection: dict[str, Any], record: dict[str, Any], exports_d
     fallback = path["fallback"]
     if record["pte"]["state"] == "built" or fallback is None:
         return summary
-    fallback_dir = exports_dir / fallback
-    if not (fallback_dir / EXPORT_RECORD).is_file():
+    other = _read_export(fallback, exports_dir, model_record)
+    if other is None:
         return {**summary, "fallback": {"path": fallback, "state": "pending",
                                         "detail": f"add {fallback} to export.paths in params.yaml", "artifacts": []}}
-    other = read_export(fallback_dir, model_record)
     return {**summary, "fallback": {
         "path": fallback, "state": "built",
         "detail": (f"until {path['name']}'s .pte is lowered ({record['pte']['detail']}), the device runs "
                    f"{fallback} on its CPU: {_export_detail(other)}"),
-        "artifacts": _export_artifacts(fallback_dir, other, base)}}
+        "artifacts": _export_artifacts(exports_dir / fallback, other, base)}}
 
 
 def _verification(selection: dict[str, Any], verify_dir: Path, export: dict[str, Any] | None,

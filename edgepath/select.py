@@ -163,6 +163,7 @@ def is_phone(p: HardwareProfile) -> bool:
 
 
 def _qnn_path(p: HardwareProfile) -> WeightPath:
+    fallback = "w4a8-xnnpack"
     return WeightPath(
         name="w8a16-qnn", quantization=None, group_size=None, bits_per_weight=8.0,
         runs_in_vllm=False, verified=False, fused_cpu_norms=False,
@@ -179,10 +180,10 @@ def _qnn_path(p: HardwareProfile) -> WeightPath:
             "text: traced on random tensors it scored -1.6 dB SQNR, calibrated 36.9 dB, and w8a8 "
             "stayed broken at 5.1 dB (BRIEF §4)",
             "lowering the calibrated program to a QNN .pte needs Qualcomm's QNN SDK (QNN_SDK_ROOT); "
-            "until it is lowered the device runs w4a8-xnnpack on its CPU",
+            f"until it is lowered the device runs {fallback} on its CPU",
             "unverified: no Qualcomm NPU was measured by this pipeline",
         ),
-        fallback="w4a8-xnnpack",
+        fallback=fallback,
     )
 
 

@@ -66,27 +66,31 @@ class PteDecoder:
         self.reset()
         return torch.stack([self.step(t) for t in ids])
 
-    def greedy(self, prompt: list[int], new_tokens: int) -> list[int]:
+    def _feed(self, prompt: list[int]) -> int:
+        """A new sequence holding ``prompt`` but its last token, which is returned: the
+        first step of decoding feeds it."""
         self.reset()
         for t in prompt[:-1]:
             self.step(t)
-        out, token = [], prompt[-1]
+        return prompt[-1]
+
+    def _decode(self, token: int, new_tokens: int) -> list[int]:
+        out = []
         for _ in range(new_tokens):
             token = int(self.step(token).argmax())
             out.append(token)
         return out
 
+    def greedy(self, prompt: list[int], new_tokens: int) -> list[int]:
+        return self._decode(self._feed(prompt), new_tokens)
+
     def decode_seconds_per_token(self, prompt: list[int], tokens: int, rounds: int) -> list[float]:
         """Per round: seconds per decoded token after feeding ``prompt`` (not timed)."""
         per_round = []
         for _ in range(rounds):
-            self.reset()
-            for t in prompt[:-1]:
-                self.step(t)
-            token = prompt[-1]
+            token = self._feed(prompt)
             started = time.perf_counter()
-            for _ in range(tokens):
-                token = int(self.step(token).argmax())
+            self._decode(token, tokens)
             per_round.append((time.perf_counter() - started) / tokens)
         return per_round
 
