@@ -31,6 +31,10 @@ stages, in pipeline order:
   benchmark every build that runs here against vLLM bf16 and llama.cpp, interleaved
   manifest  every target's path and artifacts in manifest.json; `show` prints it
 
+and around them:
+  images    the container images, the devices each serves, docker-bake.json
+  run       a stage here, or inside its container image (--in-image)
+
 run `edgepath <stage> --help` for each."""
 
 
@@ -234,6 +238,70 @@ def cmd_manifest_show(args: argparse.Namespace) -> None:
     sys.stdout.write(manifest.render(records.read(args.manifest, "manifest")))
 
 
+def cmd_images_plan(args: argparse.Namespace) -> None:
+    from . import fleet, images
+
+    plan = images.plan(fleet.load(args.params), Path(args.params).parent, args.registry, args.version)
+    if args.json:
+        sys.stdout.write(json.dumps(plan, indent=2) + "\n")
+        return
+    for image in plan["images"]:
+        where = "" if image["built_here"] else "  (built in CI only)"
+        print(f"{image['reference']}  {','.join(image['platforms'])}  {image['dockerfile']}{where}")
+        print(f"    {image['description']}; serves: {', '.join(image['targets']) or '-'}")
+    for device in plan["devices"]:
+        print(f"{device['tag']}: {' '.join(device['references'])} -> {device['source']}")
+
+
+def cmd_images_bake(args: argparse.Namespace) -> None:
+    from . import fleet, images
+
+    text = images.bake_json(fleet.load(args.params), Path(args.params).parent)
+    if args.out:
+        atomic.write_text(args.out, text)
+        print(f"images bake: {len(images.IMAGES)} images -> {args.out}")
+    else:
+        sys.stdout.write(text)
+
+
+def cmd_run(args: argparse.Namespace) -> None:
+    import shlex
+    import shutil
+    import subprocess
+
+    if not args.in_image:
+        code = main([args.stage, *args.stage_args])
+        if code:
+            raise SystemExit(code)
+        return
+    from . import fleet, images
+
+    if args.image:
+        if args.image not in images.IMAGES:
+            raise EdgepathError(f"unknown image {args.image!r}; images: {', '.join(images.IMAGES)}")
+        image = images.IMAGES[args.image]
+    else:
+        image = images.image_for_stage(args.stage, args.stage_args, fleet.load(args.params),
+                                       Path(args.params).parent)
+    tool = args.tool or next((t for t in ("podman", "docker") if shutil.which(t)), None)
+    if tool is None or not shutil.which(tool):
+        raise EdgepathError(f"no container tool ({args.tool or 'podman or docker'}) on PATH; "
+                            f"without --in-image the stage runs here")
+    command = images.container_command(tool, image.reference(args.registry, args.version),
+                                       image.platforms[0], Path.cwd(), args.stage, args.stage_args)
+    print(f"run: {shlex.join(command)}", file=sys.stderr, flush=True)
+    code = subprocess.call(command)
+    if code:
+        raise EdgepathError(f"{args.stage} in {image.reference(args.registry, args.version)} exited with {code}")
+
+
+def _image_reference_options(p: argparse.ArgumentParser) -> None:
+    """An image's reference: <registry>/edgepath-<image>:<version>."""
+    p.add_argument("--registry", default=os.environ.get("EDGEPATH_REGISTRY", "localhost"),
+                   help="image registry (default: $EDGEPATH_REGISTRY or localhost, where images/build tags)")
+    p.add_argument("--version", default=__version__, help=f"image version (default: {__version__})")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="edgepath", description=_DESCRIPTION, epilog=_EPILOG,
                                      formatter_class=_formatter)
@@ -432,6 +500,42 @@ def build_parser() -> argparse.ArgumentParser:
         Print the manifest as a readable table, then each target's rationale.""")
     s.add_argument("manifest", nargs="?", default="manifest.json")
     s.set_defaults(func=cmd_manifest_show)
+
+    stages = list(sub.choices)  # every command above is a stage `run` can run
+    p = _add(sub, "images", "the container images and the device tags they serve", """\
+        The per-architecture images that run the stages (images/<name>/Dockerfile):
+        which platforms each is built for, which of the fleet's devices it serves,
+        and the per-device tags CI publishes. images/build builds them here.""")
+    isub = p.add_subparsers(dest="action", metavar="<action>", required=True)
+    for name, func, help_ in (("plan", cmd_images_plan, "every image, its platforms and devices; every device tag"),
+                              ("bake", cmd_images_bake, "docker-bake.json, from the image table and the fleet")):
+        a = _add(isub, name, help_, help_)
+        a.add_argument("--params", default="params.yaml", help="the fleet (default: params.yaml)")
+        a.set_defaults(func=func)
+    plan = isub.choices["plan"]
+    _image_reference_options(plan)
+    plan.add_argument("--json", action="store_true", help="print the plan as JSON (what CI reads)")
+    isub.choices["bake"].add_argument("--out", help="write here (atomically) instead of stdout")
+
+    p = _add(sub, "run", "run a stage here, or inside its image", """\
+        Run one stage: here (the default, as `edgepath <stage>`), or with --in-image
+        inside its container image, with the work tree mounted at /work and the
+        caller's uid. A device stage (probe, select with --target) runs in its
+        device's image (a Graviton target in cpu-arm64, under emulation on an x86
+        host); export in the export image; every other stage in cpu-vllm. Host-
+        specific runtime flags go in $EDGEPATH_RUN_ARGS.
+
+        examples: edgepath run --in-image select --target arm64-server \\
+                      --profile build/profiles/arm64-server.json
+                  edgepath run --in-image --image cpu-vllm probe""")
+    p.add_argument("--in-image", action="store_true", help="run inside the stage's container image")
+    p.add_argument("--image", help="this image instead (names: `edgepath images plan`)")
+    p.add_argument("--tool", choices=("podman", "docker"), help="container tool (default: podman, else docker)")
+    _image_reference_options(p)
+    p.add_argument("--params", default="params.yaml", help="the fleet (default: params.yaml)")
+    p.add_argument("stage", choices=stages, metavar="stage", help=f"the stage to run: {', '.join(stages)}")
+    p.add_argument("stage_args", nargs=argparse.REMAINDER, help="its arguments")
+    p.set_defaults(func=cmd_run)
     return parser
 
 

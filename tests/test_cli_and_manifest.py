@@ -22,7 +22,7 @@ def edgepath(*args, cwd=ROOT, check=True):
 
 @pytest.mark.parametrize("command", [[], ["model"], ["probe"], ["select"], ["quantize"], ["check"],
                                      ["patch-verify"], ["control"], ["benchmark"], ["manifest"], ["manifest", "show"],
-                                     ["manifest", "build"]])
+                                     ["manifest", "build"], ["images"], ["images", "plan"], ["images", "bake"], ["run"]])
 def test_every_command_has_help(command):
     out = edgepath(*command, "--help").stdout
     assert "usage: edgepath" in out and len(out.splitlines()) > 5
