@@ -292,7 +292,10 @@ def cmd_run(args: argparse.Namespace) -> None:
     print(f"run: {shlex.join(command)}", file=sys.stderr, flush=True)
     code = subprocess.call(command)
     if code:
-        raise EdgepathError(f"{args.stage} in {image.reference(args.registry, args.version)} exited with {code}")
+        # 125-127: the container tool could not start the container (an image neither
+        # built here nor pullable, most often), not the stage failing
+        hint = "; build it with images/build, or set --registry/--version" if code in (125, 126, 127) else ""
+        raise EdgepathError(f"{args.stage} in {image.reference(args.registry, args.version)} exited with {code}{hint}")
 
 
 def _image_reference_options(p: argparse.ArgumentParser) -> None:
@@ -503,7 +506,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     stages = list(sub.choices)  # every command above is a stage `run` can run
     p = _add(sub, "images", "the container images and the device tags they serve", """\
-        The per-architecture images that run the stages (images/<name>/Dockerfile):
+        The per-architecture images that run the stages (images/<runtime>/Dockerfile):
         which platforms each is built for, which of the fleet's devices it serves,
         and the per-device tags CI publishes. images/build builds them here.""")
     isub = p.add_subparsers(dest="action", metavar="<action>", required=True)
@@ -519,8 +522,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _add(sub, "run", "run a stage here, or inside its image", """\
         Run one stage: here (the default, as `edgepath <stage>`), or with --in-image
-        inside its container image, with the work tree mounted at /work and the
-        caller's uid. A device stage (probe, select with --target) runs in its
+        inside its container image, with the current directory mounted at /work (so
+        the stage's paths must lie inside it) and the caller's uid. A device stage (probe, select with --target) runs in its
         device's image (a Graviton target in cpu-arm64, under emulation on an x86
         host); export in the export image; every other stage in cpu-vllm. Host-
         specific runtime flags go in $EDGEPATH_RUN_ARGS.

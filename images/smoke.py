@@ -17,6 +17,7 @@ test-only ships in the image. In the image it:
 Standard library only (the image's own edgepath, torch and vLLM do the work).
 """
 
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -48,8 +49,6 @@ def _vllm() -> dict:
 def _executorch() -> dict:
     if importlib.util.find_spec("executorch") is None:
         return {"installed": False}
-    import importlib.metadata
-
     from executorch.extension.pybindings.portable_lib import _get_registered_backend_names
 
     return {"installed": True, "version": importlib.metadata.version("executorch"),

@@ -29,11 +29,16 @@ from .conftest import ROOT, edgepath_command
 
 BIN = Path(sys.executable).parent
 WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
+ACTIONS = sorted((ROOT / ".github" / "actions").glob("*/action.yml"))
 DOCKERFILES = sorted((ROOT / "images").glob("*/Dockerfile"))
 
 
 def _tool(name: str, *args, cwd=ROOT) -> subprocess.CompletedProcess:
     return subprocess.run([str(BIN / name), *map(str, args)], capture_output=True, text=True, cwd=cwd)
+
+
+RUN_ARGS = "--runtime runc --ulimit nofile=1024:1024 --ulimit nproc=4096:4096"
+"""What this project's build machines need for `podman run` (images/build's default)."""
 
 
 def _profile(name: str) -> HardwareProfile:
@@ -44,6 +49,7 @@ def _profile(name: str) -> HardwareProfile:
 
 def test_there_is_a_workflow_for_the_images_and_one_for_the_pipeline():
     assert [w.name for w in WORKFLOWS] == ["images.yml", "pipeline.yml"]
+    assert [a.parent.name for a in ACTIONS] == ["dvc-remote"]
 
 
 @pytest.mark.parametrize("workflow", WORKFLOWS, ids=lambda p: p.name)
@@ -51,6 +57,12 @@ def test_workflow_matches_githubs_schema_and_passes_actionlint(workflow):
     done = _tool("check-jsonschema", "--builtin-schema", "vendor.github-workflows", workflow)
     assert done.returncode == 0, done.stdout + done.stderr
     done = _tool("actionlint", "-no-color", workflow)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("action", ACTIONS, ids=lambda p: p.parent.name)
+def test_local_action_matches_githubs_schema(action):
+    done = _tool("check-jsonschema", "--builtin-schema", "vendor.github-actions", action)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -70,7 +82,7 @@ def test_a_broken_workflow_fails_both_checks(tmp_path):
 
 
 def test_no_credentials_in_the_workflows():
-    for workflow in WORKFLOWS:
+    for workflow in WORKFLOWS + ACTIONS:
         text = workflow.read_text()
         for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "password"):
             for line in text.splitlines():
@@ -207,6 +219,16 @@ def test_run_refuses_an_unknown_stage_or_image():
     assert done.returncode == 2 and "unknown image 'tpu'" in done.stderr
 
 
+@pytest.mark.skipif(shutil.which("podman") is None, reason="podman not installed (scripts/setup_images.sh)")
+def test_run_in_an_image_that_is_not_there_says_how_to_get_it():
+    env = {**os.environ, images.RUN_ARGS_ENV: RUN_ARGS}
+    done = subprocess.run([str(BIN / "edgepath"), "run", "--in-image", "--version", "no-such-version", "probe"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2
+    assert "probe in localhost/edgepath-cpu-vllm:no-such-version exited with 125; build it with images/build" \
+        in done.stderr
+
+
 # --- the images, built and run for real ---------------------------------------------
 
 def _cannot_build() -> str | None:
@@ -216,10 +238,6 @@ def _cannot_build() -> str | None:
     if os.getuid() != 0:
         return "images/build needs root (debootstrap, buildah's chroot isolation)"
     return None
-
-
-RUN_ARGS = "--runtime runc --ulimit nofile=1024:1024 --ulimit nproc=4096:4096"
-"""What this project's build machines need for `podman run` (images/build's default)."""
 
 
 @pytest.fixture(scope="module")
