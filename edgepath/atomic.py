@@ -8,6 +8,7 @@ into place in one step.
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import shutil
 import tempfile
@@ -43,9 +44,14 @@ def write_text(path: str | os.PathLike, text: str) -> None:
 def directory(path: str | os.PathLike) -> Iterator[Path]:
     """Yield an empty scratch directory that becomes ``path`` when the block ends
     without an exception. An existing ``path`` is replaced only then; on any error
-    (or a kill) the scratch directory is all that is left, under a dot-name."""
+    the scratch directory is removed. A kill (SIGKILL, OOM) leaves it under a
+    dot-name; the next write of ``path`` removes it, so a folder that holds
+    ``path`` (a stage's dependency) holds no partial output for long."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    for stale in [*path.parent.glob(f".{glob.escape(path.name)}.*.tmp"),
+                  *path.parent.glob(f".{glob.escape(path.name)}.*.old")]:
+        shutil.rmtree(stale, ignore_errors=True)
     scratch = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
     os.chmod(scratch, 0o777 & ~_umask())
     try:

@@ -34,6 +34,8 @@ stages, in pipeline order:
 and around them:
   images    the container images, the devices each serves, docker-bake.json
   run       a stage here, or inside its container image (--in-image)
+  pull      one device's build from the DVC remote, every file checked against the manifest
+  ls        the manifest's device tags, their paths and sizes
 
 run `edgepath <stage> --help` for each."""
 
@@ -262,6 +264,31 @@ def cmd_images_bake(args: argparse.Namespace) -> None:
         print(f"images bake: {len(images.IMAGES)} images -> {args.out}")
     else:
         sys.stdout.write(text)
+
+
+def cmd_pull(args: argparse.Namespace) -> None:
+    from . import pull
+
+    receipt = pull.pull(args.project, args.tag, args.out or args.tag, args.remote,
+                        progress=lambda line: print(line, file=sys.stderr))
+    size = sum(f["size"] for f in receipt["files"])
+    print(f"pull {args.tag}: {receipt['path']['name']}, {len(receipt['files'])} files, {size / 2**20:.1f} MiB, "
+          f"every sha256 as the manifest's -> {args.out or args.tag} (from {receipt['remote']['url']})")
+
+
+def cmd_ls(args: argparse.Namespace) -> None:
+    from . import pull
+
+    rows = pull.listing(args.project, args.remote)
+    if args.json:
+        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+        return
+    table = [("TAG", "PATH", "BUILD", "VERIFIED", "FILES", "SIZE")] + [
+        (r["tag"], r["path"], r["build"], "yes" if r["verified"] else "no", str(r["files"]),
+         f"{r['bytes'] / 2**20:.1f} MiB") for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    for row in table:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
 
 
 def cmd_run(args: argparse.Namespace) -> None:
@@ -539,6 +566,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("stage", choices=stages, metavar="stage", help=f"the stage to run: {', '.join(stages)}")
     p.add_argument("stage_args", nargs=argparse.REMAINDER, help="its arguments")
     p.set_defaults(func=cmd_run)
+
+    p = _add(sub, "pull", "fetch one device's build from the DVC remote, verified", """\
+        Fetch exactly one device's build (the manifest's files for that tag) from the
+        project's DVC remote, check every file's size and sha256 against the manifest,
+        and write DIR in one rename: a missing, extra or altered file fails the pull,
+        naming it, and leaves DIR as it was. Runs in a clone of the project (it reads
+        dvc.lock; the manifest comes from the remote where the clone has none).
+        DIR gets edgepath-pull.json: what was pulled, from where, and its verification.
+
+        example: edgepath pull x86-avx2 -o /opt/models/smollm2""")
+    p.add_argument("tag", help="the device tag (`edgepath ls`)")
+    p.add_argument("-o", "--out", help="the directory to write (default: the tag)")
+    p.set_defaults(func=cmd_pull)
+    p = _add(sub, "ls", "the manifest's device tags, paths and sizes", """\
+        List every device tag of the manifest with its weight path, build state,
+        verification, and the number and size of its files.""")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON")
+    p.set_defaults(func=cmd_ls)
+    for name in ("pull", "ls"):
+        sub.choices[name].add_argument("-r", "--remote", help="the DVC remote (default: the project's default)")
+        sub.choices[name].add_argument("--project", default=".", help="the project's clone (default: .)")
     return parser
 
 

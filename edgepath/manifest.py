@@ -96,8 +96,8 @@ def _build(selection: dict[str, Any], model_record: dict[str, Any], model_dir: P
         artifacts = _export_artifacts(exports_dir / name, export, base)
         return {"state": "built", "detail": _export_detail(export)}, artifacts, None
     where = {"quantize": "quantize.paths", "export": "export.paths"}.get(stage)
-    why = (f"add {name} to {where} in params.yaml" if where
-           else f"the {stage} stage does not exist in this pipeline yet")
+    why = (f"{stage}@{name} has no complete output here (not in {where} in params.yaml, not run yet, or "
+           f"interrupted)" if where else f"the {stage} stage does not exist in this pipeline yet")
     return {"state": "pending", "detail": f"built by the {stage} stage; {why}"}, [], None
 
 

@@ -9,4 +9,5 @@ if ! git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
     exit 1
 fi
 dvc repro "$@"
+dvc push -q   # every output into the default remote (remote/), where `edgepath pull` reads it
 edgepath manifest show manifest.json

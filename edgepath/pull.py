@@ -1,0 +1,283 @@
+"""Pull one device's build from the DVC remote, verified against the manifest.
+
+Lifecycle of ``edgepath pull <tag> -o DIR``:
+
+1. Read ``dvc.lock`` from the workspace: it names, by md5, every stage output
+   the remote holds, ``manifest.json`` among them.
+2. Read the manifest: the workspace's file where its md5 is the one
+   ``dvc.lock`` names, otherwise its object downloaded from the remote (a fresh
+   clone has no ``build/``).
+3. The device's build is the target's ``artifacts`` (and a phone's fallback
+   build). Each file is found, by md5, in the stage output that holds it (a
+   directory output's listing is its ``.dir`` object on the remote).
+4. Exactly those objects are downloaded into a scratch directory beside
+   ``DIR``; every file's size and sha256 must be the manifest's, and the
+   outputs' listings may name no file in the build's directories that the
+   manifest does not. A receipt (``edgepath-pull.json``) records what was
+   pulled; then the scratch directory becomes ``DIR`` in one rename.
+
+Anything missing, extra or altered fails the pull naming the file, and leaves
+``DIR`` as it was. The remote is the workspace's DVC configuration
+(``.dvc/config``, ``.dvc/config.local``, ``AWS_*`` in the environment).
+
+``DIR`` holds each file at its path relative to the folder above its stage
+output: ``w4a16-tinygemm/model.safetensors``, ``model/hf/config.json``,
+``w8a16-qnn/export.json``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import posixpath
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import atomic, records
+from .errors import EdgepathError
+
+LOCK_FILE = "dvc.lock"
+MANIFEST = "manifest.json"
+RECEIPT = "edgepath-pull.json"
+
+
+@dataclass(frozen=True)
+class Output:
+    """One stage output as ``dvc.lock`` records it: a file, or a directory
+    (``md5`` ends in ``.dir``: the object listing its files)."""
+
+    path: str
+    md5: str
+
+    @property
+    def is_dir(self) -> bool:
+        return self.md5.endswith(".dir")
+
+
+def lock_outputs(lock_text: str, where: str = LOCK_FILE) -> list[Output]:
+    """Every stage output named in a ``dvc.lock``'s text."""
+    import yaml
+
+    try:
+        lock = yaml.safe_load(lock_text)
+        outs = [Output(o["path"], o["md5"]) for stage in lock["stages"].values() for o in stage.get("outs", [])]
+    except (yaml.YAMLError, KeyError, TypeError, AttributeError) as e:
+        raise EdgepathError(f"{where}: not a dvc.lock with stage outputs ({e})") from None
+    if not outs:
+        raise EdgepathError(f"{where}: names no stage output; run `dvc repro` and `dvc push` first")
+    return outs
+
+
+def safe_relative(path: str, what: str) -> str:
+    """``path`` if it is relative and stays inside its base (no ``..``, no
+    absolute path, no empty or ``.`` part); otherwise refuse it."""
+    parts = path.split("/")
+    if (not path or path.startswith("/") or "\\" in path or os.path.isabs(path)
+            or any(p in ("", ".", "..") for p in parts)):
+        raise EdgepathError(f"{what}: refused path {path!r}: it would write outside the pull's directory")
+    return path
+
+
+def _owner(outputs: list[Output], path: str) -> Output:
+    for out in outputs:
+        if path == out.path or path.startswith(out.path.rstrip("/") + "/"):
+            return out
+    raise EdgepathError(f"{path}: no stage output in {LOCK_FILE} holds this file; the manifest and "
+                        f"{LOCK_FILE} disagree (re-run `dvc repro`)")
+
+
+class Remote:
+    """Read-only access to the objects of one DVC remote (DVC's own remote
+    filesystems: local, S3, ...)."""
+
+    def __init__(self, root: Path, name: str | None):
+        from dvc.exceptions import DvcException
+        from dvc.repo import Repo
+
+        try:
+            repo = Repo(str(root))
+            self.name = name or repo.config["core"].get("remote")
+            self._odb = repo.cloud.get_remote_odb(self.name, command="edgepath pull")
+            self.url = repo.config["remote"][self.name]["url"]
+        except DvcException as e:
+            raise EdgepathError(f"{root}: {e}") from None
+
+    def _fail(self, what: str, error: BaseException) -> EdgepathError:
+        text = f"{type(error).__name__}: {error}"
+        if isinstance(error, PermissionError) or any(k in text for k in ("InvalidAccessKeyId", "SignatureDoesNotMatch",
+                                                                         "AccessDenied", "Forbidden")):
+            return EdgepathError(f"remote {self.name} ({self.url}) refused the credentials while reading {what}: "
+                                 f"set them with `dvc remote modify --local {self.name} access_key_id ...` and "
+                                 f"`... secret_access_key ...`, or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY")
+        return EdgepathError(f"remote {self.name} ({self.url}): could not read {what}: {text}")
+
+    def download(self, md5: str, dest: Path, what: str) -> None:
+        """Object ``md5`` into ``dest``; a missing object fails naming ``what``."""
+        path = self._odb.oid_to_path(md5)
+        try:
+            self._odb.fs.get_file(path, os.fspath(dest))
+        except FileNotFoundError:
+            raise EdgepathError(f"{what}: missing from remote {self.name} ({self.url}); push it with "
+                                f"`dvc push -r {self.name}`") from None
+        except Exception as e:  # the remote's client errors (botocore, aiohttp, OSError) reach here
+            raise self._fail(what, e) from None
+
+    def read_json(self, md5: str, what: str, scratch: Path) -> Any:
+        dest = scratch / f".{md5.replace('/', '_')}"
+        self.download(md5, dest, what)
+        try:
+            if _digest(dest, "md5") != md5.removesuffix(".dir"):
+                raise EdgepathError(f"{what}: remote {self.name} object {md5} does not hash to its name (altered)")
+            return json.loads(dest.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise EdgepathError(f"{what}: remote object {md5} is not valid JSON ({e})") from None
+        finally:
+            dest.unlink(missing_ok=True)
+
+
+def _digest(path: Path, algorithm: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, algorithm).hexdigest()
+
+
+def load_manifest(root: Path, outputs: list[Output], remote: Remote | None, scratch: Path) -> dict[str, Any]:
+    """The manifest ``dvc.lock`` names: the workspace's where it is that file,
+    else downloaded (``remote`` is None: the workspace's or nothing)."""
+    out = next((o for o in outputs if o.path == MANIFEST), None)
+    if out is None:
+        raise EdgepathError(f"{root / LOCK_FILE}: names no {MANIFEST}; run the manifest stage")
+    local = root / MANIFEST
+    if local.is_file() and _digest(local, "md5") == out.md5:
+        return records.read(local, "manifest")
+    if remote is None:
+        raise EdgepathError(f"{local}: missing or not the one {LOCK_FILE} names; pass a remote to read it from")
+    record = remote.read_json(out.md5, f"{MANIFEST} (md5 {out.md5})", scratch)
+    records.validate("manifest", record, where=f"{MANIFEST} from remote {remote.name}")
+    return record
+
+
+def target(manifest: dict[str, Any], tag: str) -> dict[str, Any]:
+    for t in manifest["targets"]:
+        if t["tag"] == tag:
+            return t
+    raise EdgepathError(f"no device tag {tag!r} in the manifest; it has: "
+                        f"{', '.join(t['tag'] for t in manifest['targets'])}")
+
+
+def device_files(entry: dict[str, Any]) -> list[dict[str, Any]]:
+    """A target's build: its artifacts, then a phone's fallback build's."""
+    fallback = entry.get("export", {}).get("fallback") or {}
+    files = [*entry["artifacts"], *fallback.get("artifacts", [])]
+    if not files:
+        raise EdgepathError(f"{entry['tag']}: nothing to pull: its build is {entry['build']['state']} "
+                            f"({entry['build']['detail']})")
+    return files
+
+
+def _placement(out: Output, path: str) -> str:
+    """Where ``path`` (inside ``out``) goes in the pull's directory."""
+    return posixpath.relpath(path, posixpath.dirname(out.path.rstrip("/")) or ".")
+
+
+def pull(root: str | os.PathLike, tag: str, dest: str | os.PathLike, remote_name: str | None = None,
+         progress=print) -> dict[str, Any]:
+    """Pull device ``tag``'s build into ``dest`` (see the module's lifecycle);
+    return the receipt."""
+    root, dest = Path(root), Path(dest)
+    if dest.is_symlink():
+        raise EdgepathError(f"{dest}: is a symbolic link; pull into a plain directory")
+    if dest.exists() and not (dest / RECEIPT).is_file():
+        raise EdgepathError(f"{dest}: exists and is not an earlier pull (no {RECEIPT}); choose another -o")
+    lock = root / LOCK_FILE
+    if not lock.is_file():
+        raise EdgepathError(f"{lock}: no such file; pull runs in a clone of the project after `dvc repro`")
+    outputs = sorted(lock_outputs(lock.read_text(encoding="utf-8"), str(lock)), key=lambda o: -len(o.path))
+    remote = Remote(root, remote_name)
+    with atomic.directory(dest) as scratch:
+        manifest = load_manifest(root, outputs, remote, scratch)
+        entry = target(manifest, tag)
+        files = device_files(entry)
+        listings: dict[str, dict[str, str]] = {}
+        placed = []
+        for f in files:
+            path = safe_relative(f["path"], f"{MANIFEST}, target {tag}")
+            out = _owner(outputs, path)
+            if out.is_dir and out.path not in listings:
+                listing = remote.read_json(out.md5, f"{out.path} (listing {out.md5})", scratch)
+                listings[out.path] = {e["relpath"]: e["md5"] for e in listing}
+            md5 = listings[out.path].get(posixpath.relpath(path, out.path)) if out.is_dir else out.md5
+            if md5 is None:
+                raise EdgepathError(f"{path}: missing: the manifest names it but {out.path} on the remote has no such file")
+            placed.append((f, out, md5, safe_relative(_placement(out, path), f"{path}'s place")))
+        _refuse_extra(tag, files, outputs, listings)
+        total = sum(f["size"] for f, *_ in placed)
+        done = 0
+        for f, out, md5, rel in placed:
+            target_file = scratch / rel
+            if not target_file.resolve().is_relative_to(scratch.resolve()):
+                raise EdgepathError(f"{f['path']}: refused: it would write outside the pull's directory")
+            target_file.parent.mkdir(parents=True, exist_ok=True)
+            remote.download(md5, target_file, f["path"])
+            size, sha = target_file.stat().st_size, _digest(target_file, "sha256")
+            if (size, sha) != (f["size"], f["sha256"]):
+                raise EdgepathError(f"{f['path']}: altered: the remote's copy has {size} bytes, sha256 {sha}; "
+                                    f"the manifest says {f['size']} bytes, sha256 {f['sha256']}")
+            done += size
+            progress(f"pull {tag}: {rel} ({size / 2**20:.1f} MiB, sha256 ok) [{done / 2**20:.0f}/{total / 2**20:.0f} MiB]")
+        receipt = {
+            **records.envelope("pull"),
+            "tag": tag,
+            "remote": {"name": remote.name, "url": remote.url},
+            "manifest_md5": next(o.md5 for o in outputs if o.path == MANIFEST),
+            "model": manifest["model"],
+            "path": {k: entry["path"][k] for k in ("name", "rationale")},
+            "verification": {k: entry["verification"][k] for k in ("verified", "state", "detail")},
+            "files": [{"path": rel, "source": f["path"], "size": f["size"], "sha256": f["sha256"]}
+                      for f, _, _, rel in placed],
+        }
+        records.write(scratch / RECEIPT, "pull", receipt)
+    return receipt
+
+
+def _refuse_extra(tag: str, files: list[dict[str, Any]], outputs: list[Output],
+                  listings: dict[str, dict[str, str]]) -> None:
+    """A file the remote holds in one of the build's directories that the
+    manifest does not name: the manifest and the remote disagree."""
+    named = {f["path"] for f in files}
+    folders = {posixpath.dirname(p) for p in named}
+    for out_path, listing in listings.items():
+        for rel in listing:
+            path = posixpath.join(out_path, rel)
+            if posixpath.dirname(path) in folders and path not in named:
+                raise EdgepathError(f"{path}: extra: the remote holds it beside {tag}'s build, but the manifest "
+                                    f"does not name it")
+
+
+def listing(root: str | os.PathLike, remote_name: str | None = None, use_remote: bool = True) -> list[dict[str, Any]]:
+    """Each device tag of the manifest: its path, build state, verification
+    and size (the sum of its files)."""
+    root = Path(root)
+    lock = root / LOCK_FILE
+    if not lock.is_file():
+        raise EdgepathError(f"{lock}: no such file; run `dvc repro` first")
+    outputs = lock_outputs(lock.read_text(encoding="utf-8"), str(lock))
+    with tempfile.TemporaryDirectory(prefix=".edgepath-ls.", dir=root) as scratch:
+        remote = Remote(root, remote_name) if use_remote and not _manifest_is_local(root, outputs) else None
+        manifest = load_manifest(root, outputs, remote, Path(scratch))
+    rows = []
+    for t in manifest["targets"]:
+        fallback = t.get("export", {}).get("fallback") or {}
+        files = [*t["artifacts"], *fallback.get("artifacts", [])]
+        rows.append({"tag": t["tag"], "path": t["path"]["name"], "build": t["build"]["state"],
+                     "verified": t["verification"]["verified"], "files": len(files),
+                     "bytes": sum(f["size"] for f in files)})
+    return rows
+
+
+def _manifest_is_local(root: Path, outputs: list[Output]) -> bool:
+    out = next((o for o in outputs if o.path == MANIFEST), None)
+    return out is not None and (root / MANIFEST).is_file() and _digest(root / MANIFEST, "md5") == out.md5
+

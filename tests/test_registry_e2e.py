@@ -1,0 +1,278 @@
+"""The pipeline's builds in real DVC remotes (a local directory, and SeaweedFS's S3),
+pulled by device tag into fresh clones with `edgepath pull`, and the faults around it:
+a server killed mid-transfer, a stage killed mid-quantize, altered, missing and
+unnamed objects, manifests that would write outside the pull's directory."""
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from edgepath import pull, records
+
+from .conftest import run_checked as _run
+from .s3server import ACCESS_KEY, SeaweedS3
+
+pytestmark = pytest.mark.e2e
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def project(pipeline, tmp_path_factory):
+    """The pipeline's repository committed, pushed to its default remote (the local
+    directory `remote/`) and to a SeaweedFS S3 bucket: (directory, env, server)."""
+    dest, env, _ = pipeline
+    env = {**env, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}
+    _run(["dvc", "repro"], dest, env)  # up to date after the other modules' edits
+    server = SeaweedS3(tmp_path_factory.mktemp("s3")).start()
+    server.configure(dest, "s3", "store", env)
+    _run(["git", "add", "-A"], dest, env)
+    _run(["git", "commit", "-qm", "build"], dest, env)
+    _run(["dvc", "push"], dest, env)
+    _run(["dvc", "push", "-r", "s3"], dest, env)
+    yield dest, env, server
+    server.stop()
+
+
+def _clone(project, tmp_path: Path, name: str = "clone") -> Path:
+    dest, env, server = project
+    clone = tmp_path / name
+    _run(["git", "clone", "-q", str(dest), str(clone)], tmp_path, env)
+    # the committed config names the S3 remote; its keys live only in config.local
+    assert ACCESS_KEY not in (clone / ".dvc" / "config").read_text()
+    return clone
+
+
+def _pull(project, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["edgepath", "pull", *args], cwd=cwd, env=project[1], capture_output=True, text=True)
+
+
+def _expected(project, tag: str) -> dict[str, dict]:
+    m = records.read(project[0] / "manifest.json", "manifest")
+    return {f["path"]: f for f in pull.device_files(pull.target(m, tag))}
+
+
+def _check_pulled(project, out: Path, tag: str) -> None:
+    expected = _expected(project, tag)
+    receipt = records.read(out / pull.RECEIPT, "pull")
+    assert receipt["tag"] == tag
+    assert {f["source"] for f in receipt["files"]} == set(expected)
+    for f in receipt["files"]:
+        assert _sha256(out / f["path"]) == expected[f["source"]]["sha256"]
+        # byte for byte the build the pipeline made
+        assert (out / f["path"]).read_bytes() == (project[0] / f["source"]).read_bytes()
+    on_disk = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
+    assert on_disk == {f["path"] for f in receipt["files"]} | {pull.RECEIPT}
+
+
+def test_fresh_clone_pulls_one_device_from_s3(project, tmp_path):
+    dest, env, server = project
+    clone = _clone(project, tmp_path)
+    server.configure(clone, "s3", "store", env)  # what a user does once: keys into config.local
+    assert not (clone / "manifest.json").exists() and not (clone / "build").exists()
+    done = _pull(project, clone, "host", "-r", "s3", "-o", "host-build")
+    assert done.returncode == 0, done.stderr
+    _check_pulled(project, clone / "host-build", "host")
+    # exactly that device's build: the clone got nothing else
+    assert not (clone / "build").exists() and not (clone / "manifest.json").exists()
+    listed = subprocess.run(["edgepath", "ls", "-r", "s3", "--json"], cwd=clone, env=env, capture_output=True,
+                            text=True, check=True)
+    rows = {r["tag"]: r for r in json.loads(listed.stdout)}
+    m = records.read(dest / "manifest.json", "manifest")
+    assert set(rows) == {t["tag"] for t in m["targets"]}
+    assert rows["host"]["bytes"] == sum(f["size"] for f in _expected(project, "host").values())
+
+
+def test_wrong_key_is_a_clear_error(project, tmp_path):
+    dest, env, server = project
+    clone = _clone(project, tmp_path)
+    server.configure(clone, "s3", "store", env, credentials=False)
+    subprocess.run(["dvc", "remote", "modify", "--local", "s3", "access_key_id", ACCESS_KEY], cwd=clone, env=env,
+                   check=True)
+    subprocess.run(["dvc", "remote", "modify", "--local", "s3", "secret_access_key", "wrong"], cwd=clone, env=env,
+                   check=True)
+    done = _pull(project, clone, "host", "-r", "s3", "-o", "out")
+    assert done.returncode == 2
+    assert "refused the credentials" in done.stderr and "Traceback" not in done.stderr
+    assert not (clone / "out").exists()
+
+
+def test_concurrent_pulls_of_two_devices(project, tmp_path):
+    clone = _clone(project, tmp_path)
+    project[2].configure(clone, "s3", "store", project[1])
+    runs = {tag: subprocess.Popen(["edgepath", "pull", tag, "-r", "s3", "-o", f"out-{tag}"], cwd=clone,
+                                  env=project[1], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for tag in ("xeon-amx", "gpu-cuda")}
+    for tag, p in runs.items():
+        _, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err
+        _check_pulled(project, clone / f"out-{tag}", tag)
+
+
+def _local_object(project, source: str) -> Path:
+    """The default (directory) remote's object holding the project's file ``source``."""
+    dest = project[0]
+    md5 = hashlib.md5((dest / source).read_bytes()).hexdigest()
+    return dest / "remote" / "files" / "md5" / md5[:2] / md5[2:]
+
+
+def _local_clone(project, tmp_path: Path) -> Path:
+    clone = _clone(project, tmp_path)
+    # the committed default remote is `remote/` inside the project; a clone elsewhere
+    # points at the build machine's through config.local
+    subprocess.run(["dvc", "remote", "modify", "--local", "local", "url", str(project[0] / "remote")], cwd=clone,
+                   env=project[1], check=True)
+    return clone
+
+
+def test_altered_object_fails_the_pull_naming_the_file(project, tmp_path):
+    clone = _local_clone(project, tmp_path)
+    source = "build/weights/w4a16-tinygemm/model.safetensors"
+    obj = _local_object(project, source)
+    original = obj.read_bytes()
+    os.chmod(obj, 0o644)
+    try:
+        with open(obj, "r+b") as f:  # one byte flipped, size unchanged
+            f.seek(len(original) // 2)
+            f.write(bytes([original[len(original) // 2] ^ 0xFF]))
+        done = _pull(project, clone, "host", "-o", "out")
+        assert done.returncode == 2
+        assert source in done.stderr and "altered" in done.stderr
+        assert not (clone / "out").exists() and not list(clone.glob(".out.*"))
+    finally:
+        obj.write_bytes(original)
+    done = _pull(project, clone, "host", "-o", "out")
+    assert done.returncode == 0, done.stderr
+    _check_pulled(project, clone / "out", "host")
+
+
+def test_missing_object_fails_the_pull_and_keeps_the_previous_pull(project, tmp_path):
+    clone = _local_clone(project, tmp_path)
+    assert _pull(project, clone, "host", "-o", "out").returncode == 0
+    before = (clone / "out" / pull.RECEIPT).read_bytes()
+    source = "build/weights/w4a16-tinygemm/tokenizer.json"
+    obj = _local_object(project, source)
+    hidden = obj.with_name(obj.name + ".hidden")
+    obj.rename(hidden)
+    try:
+        done = _pull(project, clone, "host", "-o", "out")
+        assert done.returncode == 2 and source in done.stderr and "missing" in done.stderr
+        assert (clone / "out" / pull.RECEIPT).read_bytes() == before  # the earlier pull, whole
+        _check_pulled(project, clone / "out", "host")
+    finally:
+        hidden.rename(obj)
+
+
+def _tampered_manifest(project, clone: Path, edit) -> None:
+    """A clone whose manifest.json (and dvc.lock's md5 of it) is ``edit``ed."""
+    m = records.read(project[0] / "manifest.json", "manifest")
+    edit(pull.target(m, "host"))
+    text = records.dumps(m)
+    (clone / "manifest.json").write_text(text)
+    lock = (clone / "dvc.lock").read_text()
+    old = hashlib.md5((project[0] / "manifest.json").read_bytes()).hexdigest()
+    (clone / "dvc.lock").write_text(lock.replace(old, hashlib.md5(text.encode()).hexdigest()))
+
+
+def test_file_the_manifest_does_not_name_fails_the_pull(project, tmp_path):
+    clone = _local_clone(project, tmp_path)
+    _tampered_manifest(project, clone, lambda t: t["artifacts"].pop())
+    done = _pull(project, clone, "host", "-o", "out")
+    assert done.returncode == 2 and "extra" in done.stderr
+    assert not (clone / "out").exists()
+
+
+@pytest.mark.parametrize("path", ["../escape.json", "/tmp/escape.json", "build/weights/../../../escape.json"])
+def test_manifest_path_outside_the_directory_is_refused(project, tmp_path, path):
+    clone = _local_clone(project, tmp_path)
+    _tampered_manifest(project, clone, lambda t: t["artifacts"][0].update(path=path))
+    done = _pull(project, clone, "host", "-o", "out")
+    assert done.returncode == 2 and "refused path" in done.stderr
+    assert not (clone / "out").exists() and not (tmp_path / "escape.json").exists()
+
+
+def _wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_server_killed_mid_push_then_push_again_leaves_no_corrupt_object(project, tmp_path):
+    dest, env, server = project
+    server.configure(dest, "s3b", "second", env)
+    push = subprocess.Popen(["dvc", "push", "-r", "s3b", "-j", "1"], cwd=dest, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    _wait_for(lambda: server.client().list_objects_v2(Bucket="edgepath", Prefix="second/").get("KeyCount", 0) > 0,
+              120, "the first pushed object")
+    server.stop()
+    out, _ = push.communicate(timeout=600)
+    assert push.returncode != 0, f"the push finished before the server was killed:\n{out}"
+    server.start()
+    _run(["dvc", "push", "-r", "s3b"], dest, env)
+    objects = server.objects("second/")
+    assert objects
+    for key, body in objects.items():  # content-addressed: every object hashes to its name
+        md5 = key.split("/")[-2] + key.split("/")[-1]
+        assert hashlib.md5(body).hexdigest() == md5.removesuffix(".dir"), key
+    clone = _clone(project, tmp_path)
+    server.configure(clone, "s3b", "second", env)
+    assert _pull(project, clone, "gpu-cuda", "-r", "s3b", "-o", "out").returncode == 0
+    _check_pulled(project, clone / "out", "gpu-cuda")
+
+
+def test_server_killed_mid_pull_leaves_nothing_then_pull_completes(project, tmp_path):
+    clone = _clone(project, tmp_path)
+    server = project[2]
+    server.configure(clone, "s3", "store", project[1])
+    p = subprocess.Popen(["edgepath", "pull", "gpu-cuda", "-r", "s3", "-o", "out"], cwd=clone, env=project[1],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # the first file has landed in the pull's scratch directory
+    _wait_for(lambda: any(f.is_file() for d in clone.glob(".out.*.tmp") for f in d.rglob("*")), 120,
+              "the pull's first file")
+    server.stop()
+    _, err = p.communicate(timeout=600)
+    server.start()
+    if p.returncode == 0:
+        pytest.fail(f"the pull finished before the server was killed:\n{err}")
+    assert "Traceback" not in err and "remote s3" in err
+    assert not (clone / "out").exists() and not list(clone.glob(".out.*"))
+    assert _pull(project, clone, "gpu-cuda", "-r", "s3", "-o", "out").returncode == 0
+    _check_pulled(project, clone / "out", "gpu-cuda")
+
+
+def test_quantize_killed_mid_run_is_redone_and_never_in_the_manifest(project, tmp_path):
+    dest, env, _ = project
+    out = dest / "build" / "weights" / "w4a16-tinygemm"
+    before = {p.name: _sha256(p) for p in out.iterdir()}
+    log = tmp_path / "repro.log"
+    with open(log, "w") as f:
+        repro = subprocess.Popen(["dvc", "repro", "--single-item", "-f", "quantize@w4a16-tinygemm"], cwd=dest,
+                                 env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    _wait_for(lambda: "quantize: layer 2/" in log.read_text(), 600, "quantize's second layer")
+    os.killpg(repro.pid, signal.SIGKILL)  # DVC and the stage, as an OOM kill or a lost machine would
+    repro.wait()
+    # DVC removed the output before running the stage: no partial checkpoint anywhere
+    assert not out.exists()
+    partial = subprocess.run(["edgepath", "manifest", "build", "--out", str(tmp_path / "m.json")], cwd=dest,
+                             env=env, capture_output=True, text=True)
+    assert partial.returncode == 0, partial.stderr
+    m = records.read(tmp_path / "m.json", "manifest")
+    for t in m["targets"]:
+        if t["path"]["name"] == "w4a16-tinygemm":
+            assert t["build"]["state"] == "pending" and t["artifacts"] == [] and "interrupted" in t["build"]["detail"]
+    _run(["dvc", "repro", "--single-item", "quantize@w4a16-tinygemm"], dest, env)
+    assert {p.name: _sha256(p) for p in out.iterdir()} == before
+    assert not list(out.parent.glob(".w4a16-tinygemm.*"))
+    assert "up to date" in _run(["dvc", "status", "quantize@w4a16-tinygemm"], dest, env)
+    # what the manifest read is the checkpoint it had before: nothing downstream re-runs for it
+    assert "build/weights" not in _run(["dvc", "status", "manifest"], dest, env)
