@@ -269,11 +269,19 @@ def cmd_images_bake(args: argparse.Namespace) -> None:
 def cmd_pull(args: argparse.Namespace) -> None:
     from . import pull
 
-    receipt = pull.pull(args.project, args.tag, args.out or args.tag, args.remote,
-                        progress=lambda line: print(line, file=sys.stderr))
+    if (args.tag is None) == (not args.probe):
+        raise EdgepathError("name a device tag, or pass --probe (not both)")
+    profile = None
+    if args.probe:
+        from .probe import probe
+
+        profile = probe()
+    out = args.out or args.tag or "build-for-this-machine"
+    receipt = pull.pull(args.project, args.tag, out, args.remote, progress=lambda line: print(line, file=sys.stderr),
+                        profile=profile, priority=args.priority)
     size = sum(f["size"] for f in receipt["files"])
-    print(f"pull {args.tag}: {receipt['path']['name']}, {len(receipt['files'])} files, {size / 2**20:.1f} MiB, "
-          f"every sha256 as the manifest's -> {args.out or args.tag} (from {receipt['remote']['url']})")
+    print(f"pull {receipt['tag']}: {receipt['path']['name']}, {len(receipt['files'])} files, {size / 2**20:.1f} MiB, "
+          f"every sha256 as the manifest's -> {out} (from {receipt['remote']['url']})")
 
 
 def cmd_ls(args: argparse.Namespace) -> None:
@@ -575,8 +583,14 @@ def build_parser() -> argparse.ArgumentParser:
         dvc.lock; the manifest comes from the remote where the clone has none).
         DIR gets edgepath-pull.json: what was pulled, from where, and its verification.
 
-        example: edgepath pull x86-avx2 -o /opt/models/smollm2""")
-    p.add_argument("tag", help="the device tag (`edgepath ls`)")
+        With --probe instead of a tag: probe this machine, and pull the build of the
+        weight path the selector picks for it (a target of the manifest built with it).
+
+        examples: edgepath pull x86-avx2 -o /opt/models/smollm2
+                  edgepath pull --probe -o /opt/models/smollm2""")
+    p.add_argument("tag", nargs="?", help="the device tag (`edgepath ls`)")
+    p.add_argument("--probe", action="store_true", help="this machine's build, as the selector picks it")
+    p.add_argument("--priority", default="speed", choices=("speed", "fidelity"), help="with --probe (default: speed)")
     p.add_argument("-o", "--out", help="the directory to write (default: the tag)")
     p.set_defaults(func=cmd_pull)
     p = _add(sub, "ls", "the manifest's device tags, paths and sizes", """\

@@ -167,6 +167,27 @@ def target(manifest: dict[str, Any], tag: str) -> dict[str, Any]:
                         f"{', '.join(t['tag'] for t in manifest['targets'])}")
 
 
+def target_for(manifest: dict[str, Any], profile, priority: str = "speed") -> tuple[str, str]:
+    """The manifest's target for a machine (``profile``, a HardwareProfile): the
+    weight path the selector picks for it, built for a target of that priority;
+    among several, the one of the same kernel ISA tier, then of the same
+    architecture. Returns (tag, why)."""
+    from .select import select_weight_path
+
+    path = select_weight_path(profile, priority).name
+    here = profile.summary()
+    built = [t for t in manifest["targets"]
+             if t["path"]["name"] == path and t["priority"] == priority and t["artifacts"]]
+    if not built:
+        raise EdgepathError(f"the selector picks {path} for this machine ({here['arch']}, {here['kernel_isa']}), but "
+                            f"no target of the manifest with priority {priority} has that build; add this device "
+                            f"to params.yaml (`edgepath probe --out profiles/<tag>.json`) and run the pipeline")
+    best = min(built, key=lambda t: (t["profile"]["summary"]["kernel_isa"] != here["kernel_isa"],
+                                     t["profile"]["summary"]["arch"] != here["arch"]))
+    return best["tag"], (f"this machine ({here['arch']}, {here['kernel_isa']}) gets {path}; {best['tag']} "
+                         f"({best['profile']['summary']['kernel_isa']}) is built with it")
+
+
 def device_files(entry: dict[str, Any]) -> list[dict[str, Any]]:
     """A target's build: its artifacts, then a phone's fallback build's."""
     fallback = entry.get("export", {}).get("fallback") or {}
@@ -182,10 +203,11 @@ def _placement(out: Output, path: str) -> str:
     return posixpath.relpath(path, posixpath.dirname(out.path.rstrip("/")) or ".")
 
 
-def pull(root: str | os.PathLike, tag: str, dest: str | os.PathLike, remote_name: str | None = None,
-         progress=print) -> dict[str, Any]:
+def pull(root: str | os.PathLike, tag: str | None, dest: str | os.PathLike, remote_name: str | None = None,
+         progress=print, profile=None, priority: str = "speed") -> dict[str, Any]:
     """Pull device ``tag``'s build into ``dest`` (see the module's lifecycle);
-    return the receipt."""
+    return the receipt. With ``profile`` (and no tag): the build the selector
+    picks for that machine (``target_for``)."""
     root, dest = Path(root), Path(dest)
     if dest.is_symlink():
         raise EdgepathError(f"{dest}: is a symbolic link; pull into a plain directory")
@@ -198,6 +220,11 @@ def pull(root: str | os.PathLike, tag: str, dest: str | os.PathLike, remote_name
     remote = Remote(root, remote_name)
     with atomic.directory(dest) as scratch:
         manifest = load_manifest(root, outputs, remote, scratch)
+        chosen = None
+        if tag is None:
+            tag, why = target_for(manifest, profile, priority)
+            chosen = {"profile": profile.summary(), "priority": priority, "why": why}
+            progress(f"pull: {why}")
         entry = target(manifest, tag)
         files = device_files(entry)
         listings: dict[str, dict[str, str]] = {}
@@ -230,6 +257,7 @@ def pull(root: str | os.PathLike, tag: str, dest: str | os.PathLike, remote_name
         receipt = {
             **records.envelope("pull"),
             "tag": tag,
+            **({"selected_for_this_machine": chosen} if chosen else {}),
             "remote": {"name": remote.name, "url": remote.url},
             "manifest_md5": next(o.md5 for o in outputs if o.path == MANIFEST),
             "model": manifest["model"],

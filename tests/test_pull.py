@@ -1,9 +1,13 @@
 """`edgepath pull`'s checks that need no remote: dvc.lock's outputs and manifest paths."""
 
+from pathlib import Path
+
 import pytest
 
 from edgepath import pull
 from edgepath.errors import EdgepathError
+
+ROOT = Path(__file__).resolve().parent.parent
 
 LOCK = """\
 schema: '2.0'
@@ -52,3 +56,31 @@ def test_pull_refuses_to_overwrite_a_directory_it_did_not_write(tmp_path):
     with pytest.raises(EdgepathError, match="not an earlier pull"):
         pull.pull(tmp_path, "host", tmp_path / "mine")
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
+
+
+def _profile(name):
+    from edgepath import records
+    from edgepath.profile import HardwareProfile
+
+    return HardwareProfile.from_dict(records.read(ROOT / "profiles" / f"{name}.json", "profile"))
+
+
+def _target(tag, path, priority, profile):
+    return {"tag": tag, "priority": priority, "path": {"name": path}, "profile": {"summary": profile.summary()},
+            "artifacts": [{"path": f"build/weights/{path}/model.safetensors", "size": 1, "sha256": "0" * 64}]}
+
+
+def test_probe_picks_the_target_built_with_the_selected_path_and_same_isa_tier():
+    manifest = {"targets": [
+        _target("amx", "w4a8-amx", "speed", _profile("xeon-amx")),
+        _target("avx2", "w4a16-tinygemm", "speed", _profile("x86-avx2")),
+        _target("arm", "w4a16-tinygemm", "speed", _profile("arm64-server")),
+    ]}
+    assert pull.target_for(manifest, _profile("arm64-server"))[0] == "arm"
+    assert pull.target_for(manifest, _profile("x86-avx2"))[0] == "avx2"
+    assert pull.target_for(manifest, _profile("xeon-amx"))[0] == "amx"
+    with pytest.raises(EdgepathError, match="no target of the manifest with priority fidelity"):
+        pull.target_for(manifest, _profile("arm64-server"), "fidelity")
+    manifest["targets"][0]["artifacts"] = []  # not built: not a candidate
+    with pytest.raises(EdgepathError, match="selector picks w4a8-amx"):
+        pull.target_for(manifest, _profile("xeon-amx"))

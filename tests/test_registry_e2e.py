@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from edgepath import pull, records
+from edgepath.profile import HardwareProfile
 
 from .conftest import run_checked as _run
 from .s3server import ACCESS_KEY, SeaweedS3
@@ -132,6 +133,21 @@ def _local_clone(project, tmp_path: Path) -> Path:
     subprocess.run(["dvc", "remote", "modify", "--local", "local", "url", str(project[0] / "remote")], cwd=clone,
                    env=project[1], check=True)
     return clone
+
+
+def test_pull_probe_takes_the_build_the_selector_picks_for_this_machine(project, tmp_path):
+    dest, env, _ = project
+    clone = _local_clone(project, tmp_path)
+    done = _pull(project, clone, "--probe", "-o", "mine")
+    assert done.returncode == 0, done.stderr
+    receipt = records.read(clone / "mine" / pull.RECEIPT, "pull")
+    subprocess.run(["edgepath", "probe", "--out", str(tmp_path / "here.json")], cwd=clone, env=env, check=True)
+    picked = subprocess.run(["edgepath", "select", "--profile", str(tmp_path / "here.json")], cwd=clone, env=env,
+                            capture_output=True, text=True, check=True)
+    assert receipt["path"]["name"] == json.loads(picked.stdout)["name"]
+    here = HardwareProfile.from_dict(records.read(tmp_path / "here.json", "profile"))
+    assert receipt["selected_for_this_machine"]["profile"]["kernel_isa"] == here.kernel_isa()
+    _check_pulled(project, clone / "mine", receipt["tag"])
 
 
 def test_altered_object_fails_the_pull_naming_the_file(project, tmp_path):
