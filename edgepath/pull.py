@@ -239,7 +239,7 @@ def pull(root: str | os.PathLike, tag: str | None, dest: str | os.PathLike, remo
             if md5 is None:
                 raise EdgepathError(f"{path}: missing: the manifest names it but {out.path} on the remote has no such file")
             placed.append((f, out, md5, safe_relative(_placement(out, path), f"{path}'s place")))
-        _refuse_extra(tag, files, outputs, listings)
+        _refuse_extra(tag, files, listings)
         total = sum(f["size"] for f, *_ in placed)
         done = 0
         for f, out, md5, rel in placed:
@@ -270,7 +270,7 @@ def pull(root: str | os.PathLike, tag: str | None, dest: str | os.PathLike, remo
     return receipt
 
 
-def _refuse_extra(tag: str, files: list[dict[str, Any]], outputs: list[Output],
+def _refuse_extra(tag: str, files: list[dict[str, Any]],
                   listings: dict[str, dict[str, str]]) -> None:
     """A file the remote holds in one of the build's directories that the
     manifest does not name: the manifest and the remote disagree."""
