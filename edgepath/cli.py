@@ -285,18 +285,15 @@ def cmd_pull(args: argparse.Namespace) -> None:
 
 
 def cmd_ls(args: argparse.Namespace) -> None:
-    from . import pull
+    from . import manifest, pull
 
     rows = pull.listing(args.project, args.remote)
     if args.json:
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
         return
-    table = [("TAG", "PATH", "BUILD", "VERIFIED", "FILES", "SIZE")] + [
+    print("\n".join(manifest.table([("TAG", "PATH", "BUILD", "VERIFIED", "FILES", "SIZE")] + [
         (r["tag"], r["path"], r["build"], "yes" if r["verified"] else "no", str(r["files"]),
-         f"{r['bytes'] / 2**20:.1f} MiB") for r in rows]
-    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-    for row in table:
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+         f"{r['bytes'] / 2**20:.1f} MiB") for r in rows])))
 
 
 def cmd_run(args: argparse.Namespace) -> None:

@@ -338,6 +338,12 @@ def _benchmark_line(b: dict[str, Any]) -> str:
             f"prompts reproduced{'' if r['llama_q4_k_m_prompts_reproduced'] is None else ' (Q4_K_M ' + str(r['llama_q4_k_m_prompts_reproduced']) + ')'}")
 
 
+def table(rows: list[tuple[str, ...]]) -> list[str]:
+    """``rows`` (the first is the header) as lines of left-aligned columns."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+
+
 def render(manifest: dict[str, Any]) -> str:
     """The manifest as a table, then each target's rationale and notes."""
     m = manifest["model"]
@@ -358,8 +364,7 @@ def render(manifest: dict[str, Any]) -> str:
             "yes" if p["runs_in_vllm"] else "no", _verified_cell(t["verification"]),
             f"{t['build']['state']} ({len(t['artifacts'])} files)" if t["artifacts"] else t["build"]["state"],
         ))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines += table(rows)
     for t in manifest["targets"]:
         lines += ["", f"{t['tag']}: {t['path']['rationale']}"]
         lines += [f"  - {note}" for note in t["path"]["notes"]]

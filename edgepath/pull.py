@@ -32,12 +32,14 @@ import json
 import os
 import posixpath
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from . import atomic, records
 from .errors import EdgepathError
+from .hf_model import sha256_file
 
 LOCK_FILE = "dvc.lock"
 MANIFEST = "manifest.json"
@@ -129,7 +131,7 @@ class Remote:
         dest = scratch / f".{md5.replace('/', '_')}"
         self.download(md5, dest, what)
         try:
-            if _digest(dest, "md5") != md5.removesuffix(".dir"):
+            if _md5(dest) != md5.removesuffix(".dir"):
                 raise EdgepathError(f"{what}: remote {self.name} object {md5} does not hash to its name (altered)")
             return json.loads(dest.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -138,22 +140,27 @@ class Remote:
             dest.unlink(missing_ok=True)
 
 
-def _digest(path: Path, algorithm: str) -> str:
+def _md5(path: Path) -> str:
+    """DVC's object name for a file's content."""
     with open(path, "rb") as f:
-        return hashlib.file_digest(f, algorithm).hexdigest()
+        return hashlib.file_digest(f, "md5").hexdigest()
 
 
-def load_manifest(root: Path, outputs: list[Output], remote: Remote | None, scratch: Path) -> dict[str, Any]:
-    """The manifest ``dvc.lock`` names: the workspace's where it is that file,
-    else downloaded (``remote`` is None: the workspace's or nothing)."""
+def manifest_output(root: Path, outputs: list[Output]) -> Output:
+    """The manifest's entry in ``dvc.lock``."""
     out = next((o for o in outputs if o.path == MANIFEST), None)
     if out is None:
         raise EdgepathError(f"{root / LOCK_FILE}: names no {MANIFEST}; run the manifest stage")
+    return out
+
+
+def load_manifest(root: Path, out: Output, open_remote: Callable[[], Remote], scratch: Path) -> dict[str, Any]:
+    """The manifest ``dvc.lock`` names (``out``): the workspace's where it is that
+    file, else downloaded from the remote ``open_remote`` gives."""
     local = root / MANIFEST
-    if local.is_file() and _digest(local, "md5") == out.md5:
+    if local.is_file() and _md5(local) == out.md5:
         return records.read(local, "manifest")
-    if remote is None:
-        raise EdgepathError(f"{local}: missing or not the one {LOCK_FILE} names; pass a remote to read it from")
+    remote = open_remote()
     record = remote.read_json(out.md5, f"{MANIFEST} (md5 {out.md5})", scratch)
     records.validate("manifest", record, where=f"{MANIFEST} from remote {remote.name}")
     return record
@@ -188,10 +195,16 @@ def target_for(manifest: dict[str, Any], profile, priority: str = "speed") -> tu
                          f"({best['profile']['summary']['kernel_isa']}) is built with it")
 
 
-def device_files(entry: dict[str, Any]) -> list[dict[str, Any]]:
-    """A target's build: its artifacts, then a phone's fallback build's."""
+def _build_files(entry: dict[str, Any]) -> list[dict[str, Any]]:
+    """A target's build: its artifacts, then a phone's fallback build's (none
+    where it is not built)."""
     fallback = entry.get("export", {}).get("fallback") or {}
-    files = [*entry["artifacts"], *fallback.get("artifacts", [])]
+    return [*entry["artifacts"], *fallback.get("artifacts", [])]
+
+
+def device_files(entry: dict[str, Any]) -> list[dict[str, Any]]:
+    """A target's build, which must have files to pull."""
+    files = _build_files(entry)
     if not files:
         raise EdgepathError(f"{entry['tag']}: nothing to pull: its build is {entry['build']['state']} "
                             f"({entry['build']['detail']})")
@@ -217,9 +230,10 @@ def pull(root: str | os.PathLike, tag: str | None, dest: str | os.PathLike, remo
     if not lock.is_file():
         raise EdgepathError(f"{lock}: no such file; pull runs in a clone of the project after `dvc repro`")
     outputs = sorted(lock_outputs(lock.read_text(encoding="utf-8"), str(lock)), key=lambda o: -len(o.path))
+    manifest_out = manifest_output(root, outputs)
     remote = Remote(root, remote_name)
     with atomic.directory(dest) as scratch:
-        manifest = load_manifest(root, outputs, remote, scratch)
+        manifest = load_manifest(root, manifest_out, lambda: remote, scratch)
         chosen = None
         if tag is None:
             tag, why = target_for(manifest, profile, priority)
@@ -248,7 +262,7 @@ def pull(root: str | os.PathLike, tag: str | None, dest: str | os.PathLike, remo
                 raise EdgepathError(f"{f['path']}: refused: it would write outside the pull's directory")
             target_file.parent.mkdir(parents=True, exist_ok=True)
             remote.download(md5, target_file, f["path"])
-            size, sha = target_file.stat().st_size, _digest(target_file, "sha256")
+            size, sha = target_file.stat().st_size, sha256_file(target_file)
             if (size, sha) != (f["size"], f["sha256"]):
                 raise EdgepathError(f"{f['path']}: altered: the remote's copy has {size} bytes, sha256 {sha}; "
                                     f"the manifest says {f['size']} bytes, sha256 {f['sha256']}")
@@ -259,7 +273,7 @@ def pull(root: str | os.PathLike, tag: str | None, dest: str | os.PathLike, remo
             "tag": tag,
             **({"selected_for_this_machine": chosen} if chosen else {}),
             "remote": {"name": remote.name, "url": remote.url},
-            "manifest_md5": next(o.md5 for o in outputs if o.path == MANIFEST),
+            "manifest_md5": manifest_out.md5,
             "model": manifest["model"],
             "path": {k: entry["path"][k] for k in ("name", "rationale")},
             "verification": {k: entry["verification"][k] for k in ("verified", "state", "detail")},
@@ -284,28 +298,21 @@ def _refuse_extra(tag: str, files: list[dict[str, Any]],
                                     f"does not name it")
 
 
-def listing(root: str | os.PathLike, remote_name: str | None = None, use_remote: bool = True) -> list[dict[str, Any]]:
+def listing(root: str | os.PathLike, remote_name: str | None = None) -> list[dict[str, Any]]:
     """Each device tag of the manifest: its path, build state, verification
     and size (the sum of its files)."""
     root = Path(root)
     lock = root / LOCK_FILE
     if not lock.is_file():
         raise EdgepathError(f"{lock}: no such file; run `dvc repro` first")
-    outputs = lock_outputs(lock.read_text(encoding="utf-8"), str(lock))
+    out = manifest_output(root, lock_outputs(lock.read_text(encoding="utf-8"), str(lock)))
     with tempfile.TemporaryDirectory(prefix=".edgepath-ls.", dir=root) as scratch:
-        remote = Remote(root, remote_name) if use_remote and not _manifest_is_local(root, outputs) else None
-        manifest = load_manifest(root, outputs, remote, Path(scratch))
+        manifest = load_manifest(root, out, lambda: Remote(root, remote_name), Path(scratch))
     rows = []
     for t in manifest["targets"]:
-        fallback = t.get("export", {}).get("fallback") or {}
-        files = [*t["artifacts"], *fallback.get("artifacts", [])]
+        files = _build_files(t)
         rows.append({"tag": t["tag"], "path": t["path"]["name"], "build": t["build"]["state"],
                      "verified": t["verification"]["verified"], "files": len(files),
                      "bytes": sum(f["size"] for f in files)})
     return rows
-
-
-def _manifest_is_local(root: Path, outputs: list[Output]) -> bool:
-    out = next((o for o in outputs if o.path == MANIFEST), None)
-    return out is not None and (root / MANIFEST).is_file() and _digest(root / MANIFEST, "md5") == out.md5
 
