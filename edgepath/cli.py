@@ -30,12 +30,14 @@ stages, in pipeline order:
   export    a phone's build: an ExecuTorch program (QNN w8a16 calibrated, or XNNPACK 8da4w)
   benchmark every build that runs here against vLLM bf16 and llama.cpp, interleaved
   manifest  every target's path and artifacts in manifest.json; `show` prints it
+  bundle    one device's build as one directory (the DVC artifact build/devices/<tag>)
 
 and around them:
   images    the container images, the devices each serves, docker-bake.json
   run       a stage here, or inside its container image (--in-image)
   pull      one device's build from the DVC remote, every file checked against the manifest
-  ls        the manifest's device tags, their paths and sizes
+  ls        the manifest's device tags, their paths, versions and sizes
+  release   a version (git tag <tag>@vX.Y.Z) for each device whose build changed
 
 run `edgepath <stage> --help` for each."""
 
@@ -228,7 +230,7 @@ def cmd_manifest_build(args: argparse.Namespace) -> None:
 
     imports = fleet.namespace(args.params, "manifest").get("benchmark_imports") or []
     built = manifest.build(fleet.load(args.params), args.model, args.selections, args.out, args.weights,
-                           args.verify, args.exports, args.benchmark, list(imports))
+                           args.verify, args.exports, args.benchmark, list(imports), args.releases)
     if args.metrics:
         atomic.write_text(args.metrics, json.dumps(manifest.target_metrics(built), indent=2) + "\n")
     print(f"manifest: {len(built['targets'])} targets -> {args.out}")
@@ -238,6 +240,25 @@ def cmd_manifest_show(args: argparse.Namespace) -> None:
     from . import manifest
 
     sys.stdout.write(manifest.render(records.read(args.manifest, "manifest")))
+
+
+def cmd_bundle(args: argparse.Namespace) -> None:
+    from . import bundle
+
+    record = bundle.write(args.manifest, args.target, args.out)
+    t = record["target"]
+    print(f"bundle {t['tag']}: {t['path']['name']}, {t['build']['state']}, {t['release']['state']} "
+          f"{t['release']['version'] or ''}".rstrip() + f" -> {args.out}")
+
+
+def cmd_release(args: argparse.Namespace) -> None:
+    from . import release
+
+    changes = release.release(args.project, args.remote, args.dry_run, progress=print)
+    if not changes:
+        print("release: every built device's content is its last release's; nothing to register")
+    elif args.dry_run:
+        print(f"release --dry-run: {len(changes)} versions would be registered; nothing written")
 
 
 def cmd_images_plan(args: argparse.Namespace) -> None:
@@ -278,10 +299,11 @@ def cmd_pull(args: argparse.Namespace) -> None:
         profile = probe()
     out = args.out or args.tag or "build-for-this-machine"
     receipt = pull.pull(args.project, args.tag, out, args.remote, progress=lambda line: print(line, file=sys.stderr),
-                        profile=profile, priority=args.priority)
+                        profile=profile, priority=args.priority, version=args.version)
     size = sum(f["size"] for f in receipt["files"])
-    print(f"pull {receipt['tag']}: {receipt['path']['name']}, {len(receipt['files'])} files, {size / 2**20:.1f} MiB, "
-          f"every sha256 as the manifest's -> {out} (from {receipt['remote']['url']})")
+    print(f"pull {receipt['tag']} {receipt['release']['version'] or '(unreleased)'}: {receipt['path']['name']}, "
+          f"{len(receipt['files'])} files, {size / 2**20:.1f} MiB, every sha256 as the manifest's -> {out} "
+          f"(from {receipt['remote']['url']})")
 
 
 def cmd_ls(args: argparse.Namespace) -> None:
@@ -291,9 +313,9 @@ def cmd_ls(args: argparse.Namespace) -> None:
     if args.json:
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
         return
-    print("\n".join(manifest.table([("TAG", "PATH", "BUILD", "VERIFIED", "FILES", "SIZE")] + [
-        (r["tag"], r["path"], r["build"], "yes" if r["verified"] else "no", str(r["files"]),
-         f"{r['bytes'] / 2**20:.1f} MiB") for r in rows])))
+    print("\n".join(manifest.table([("TAG", "PATH", "BUILD", "VERIFIED", "VERSION", "FILES", "SIZE")] + [
+        (r["tag"], r["path"], r["build"], "yes" if r["verified"] else "no", manifest.version_cell(r["release"]),
+         str(r["files"]), f"{r['bytes'] / 2**20:.1f} MiB") for r in rows])))
 
 
 def cmd_run(args: argparse.Namespace) -> None:
@@ -528,6 +550,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--verify", default="build/verify", help="where patch-verify@<path> wrote its records")
     b.add_argument("--exports", default="build/exports", help="where export@<path> wrote its programs")
     b.add_argument("--benchmark", default="build/benchmark/benchmark.json", help="the benchmark record")
+    b.add_argument("--releases", default="releases.json", help="the versions released (`edgepath release`)")
     b.add_argument("--metrics", help="also write each target's headline figures here (dvc metrics)")
     b.add_argument("--out", default="manifest.json")
     b.set_defaults(func=cmd_manifest_build)
@@ -535,6 +558,16 @@ def build_parser() -> argparse.ArgumentParser:
         Print the manifest as a readable table, then each target's rationale.""")
     s.add_argument("manifest", nargs="?", default="manifest.json")
     s.set_defaults(func=cmd_manifest_show)
+
+    p = _add(sub, "bundle", "one device's build as one directory", """\
+        Copy the files the manifest names for one device (a phone's fallback build
+        included) to their names under OUT, each checked against the manifest's
+        sha256, with edgepath-device.json (the device's manifest entry: path, why,
+        verification, version). OUT is the device's DVC artifact; written atomically.""")
+    p.add_argument("--target", required=True, help="the device tag")
+    p.add_argument("--manifest", default="manifest.json")
+    p.add_argument("--out", required=True, help="output directory (replaced atomically)")
+    p.set_defaults(func=cmd_bundle)
 
     stages = list(sub.choices)  # every command above is a stage `run` can run
     p = _add(sub, "images", "the container images and the device tags they serve", """\
@@ -588,14 +621,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("tag", nargs="?", help="the device tag (`edgepath ls`)")
     p.add_argument("--probe", action="store_true", help="this machine's build, as the selector picks it")
     p.add_argument("--priority", default="speed", choices=("speed", "fidelity"), help="with --probe (default: speed)")
+    p.add_argument("--version", help="a released version (git tag <tag>@V; default: the workspace's build)")
     p.add_argument("-o", "--out", help="the directory to write (default: the tag)")
     p.set_defaults(func=cmd_pull)
-    p = _add(sub, "ls", "the manifest's device tags, paths and sizes", """\
+    p = _add(sub, "ls", "the manifest's device tags, paths, versions and sizes", """\
         List every device tag of the manifest with its weight path, build state,
-        verification, and the number and size of its files.""")
+        verification, version, and the number and size of its files.""")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     p.set_defaults(func=cmd_ls)
-    for name in ("pull", "ls"):
+    p = _add(sub, "release", "version each device build that changed", """\
+        For each device whose build's content (its files' names, sizes and sha256)
+        differs from its last release: the next version (v1.0.0 first; major where
+        its weight path changed, else minor), recorded in releases.json and in the
+        manifest, pushed to the DVC remote, committed, and registered with GTO as
+        the annotated git tag <tag>@<version> on that commit (not pushed to git).
+        Needs a clean git tree and an up-to-date pipeline.""")
+    p.add_argument("--dry-run", action="store_true", help="print the versions it would register; write nothing")
+    p.set_defaults(func=cmd_release)
+    for name in ("pull", "ls", "release"):
         sub.choices[name].add_argument("-r", "--remote", help="the DVC remote (default: the project's default)")
         sub.choices[name].add_argument("--project", default=".", help="the project's clone (default: .)")
     return parser

@@ -23,7 +23,9 @@ PROBE = "probe"
 PLATFORMS = ("linux/amd64", "linux/arm64")
 AUTO = "auto"
 PLATFORM_OF_ARCH = {"x86_64": "linux/amd64", "aarch64": "linux/arm64"}
-TAG_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")  # also a valid git tag / image tag part
+# a tag names DVC stages, an image tag and a DVC artifact, versioned as git tags
+# <tag>@vX.Y.Z: GTO's artifact names end in a letter or digit and hold no "."
+TAG_PATTERN = re.compile(r"^[a-z0-9](?:[a-z0-9_-]{0,61}[a-z0-9])?$")
 _TARGET_FIELDS = ("profile", "priority", "platform")
 
 
@@ -59,8 +61,8 @@ def _target(tag: Any, spec: Any, root: Path) -> Target:
     where = f"params targets.{tag}"
     if not isinstance(tag, str) or not TAG_PATTERN.match(tag):
         raise EdgepathError(
-            f"{where}: a device tag is lower-case letters, digits, '.', '_' or '-' (at most 63), "
-            f"starting with a letter or digit"
+            f"{where}: a device tag is lower-case letters, digits, '_' or '-' (at most 63), starting "
+            f"and ending with a letter or digit (it names stages, a DVC artifact and git tags)"
         )
     if not isinstance(spec, dict):
         raise EdgepathError(f"{where}: expected a mapping with {', '.join(_TARGET_FIELDS)}")

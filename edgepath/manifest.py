@@ -12,6 +12,10 @@ host), that record's verdict; elsewhere the selection's kernel evidence. A
 phone's program is checked on the build host (``checked off-device``), which is
 not a phone, so it stays unverified. A phone whose program cannot be lowered
 here (QNN without Qualcomm's SDK) has its path's fallback build beside it.
+
+Each artifact has a ``name``, its place in the device's build directory (the
+bundle, a pull); each target's ``release`` says which version (``releases.json``,
+``edgepath release``) its build's content is, or that it is unreleased.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from . import __version__, records
+from . import __version__, records, release
 from .engine_check import CHECK_NAME
 from .errors import EdgepathError
 from .fleet import Params
@@ -42,8 +46,11 @@ def _relative(path: Path, base: Path) -> str:
         return str(path.resolve())
 
 
-def _artifact(path: Path, base: Path) -> dict[str, Any]:
-    return {"path": _relative(path, base), "size": path.stat().st_size, "sha256": sha256_file(path)}
+def _artifact(path: Path, base: Path, output_parent: Path) -> dict[str, Any]:
+    """A file of a stage output: its project path, and its ``name`` in a device's
+    build (relative to the folder above the stage output: ``w4a16-tinygemm/config.json``)."""
+    return {"path": _relative(path, base), "name": path.relative_to(output_parent).as_posix(),
+            "size": path.stat().st_size, "sha256": sha256_file(path)}
 
 
 def _quantization_summary(report: dict[str, Any], check: dict[str, Any]) -> dict[str, Any]:
@@ -75,7 +82,8 @@ def _build(selection: dict[str, Any], model_record: dict[str, Any], model_dir: P
     stage = selection["path"]["build_with"].split()[0]
     if stage == _BUILT_BY_MODEL_STAGE:
         artifacts = [
-            {"path": _relative(model_dir / f["path"], base), "size": f["size"], "sha256": f["sha256"]}
+            {"path": _relative(model_dir / f["path"], base), "name": f"{model_dir.name}/{f['path']}",
+             "size": f["size"], "sha256": f["sha256"]}
             for f in model_record["files"]
         ]
         return {"state": "built", "detail": "the model stage's checkpoint, unquantized"}, artifacts, None
@@ -86,7 +94,7 @@ def _build(selection: dict[str, Any], model_record: dict[str, Any], model_dir: P
         if report["model"]["fingerprint"] != model_record["fingerprint"]:
             raise EdgepathError(f"{built}: quantized from another model (fingerprint differs); re-run quantize@{name}")
         check = records.read(built / CHECK_NAME, "engine_check")
-        artifacts = [_artifact(f, base) for f in sorted(built.iterdir()) if f.is_file()]
+        artifacts = [_artifact(f, base, weights_dir) for f in sorted(built.iterdir()) if f.is_file()]
         checked = (f"engine check not run on the build host: {check['not_run']}" if check["not_run"]
                    else f"engine check {'passed' if check['passed'] else 'FAILED'}")
         return ({"state": "built", "detail": f"quantize@{name}: {report['format']['quant_method']} checkpoint, "
@@ -120,8 +128,9 @@ def _read_export(name: str, exports_dir: Path, model_record: dict[str, Any]) -> 
 
 
 def _export_artifacts(directory: Path, record: dict[str, Any], base: Path) -> list[dict[str, Any]]:
-    files = [{**f, "path": _relative(directory / f["path"], base)} for f in record["files"]]
-    return [*files, _artifact(directory / EXPORT_RECORD, base)]
+    files = [{**f, "path": _relative(directory / f["path"], base), "name": f"{directory.name}/{f['path']}"}
+             for f in record["files"]]
+    return [*files, _artifact(directory / EXPORT_RECORD, base, directory.parent)]
 
 
 def _export_detail(record: dict[str, Any]) -> str:
@@ -263,11 +272,12 @@ def build(params: Params, model_record_path: str | os.PathLike, selections_dir: 
           verify_dir: str | os.PathLike = "build/verify",
           exports_dir: str | os.PathLike = "build/exports",
           benchmark_path: str | os.PathLike = "build/benchmark/benchmark.json",
-          benchmark_imports: list[str] = ()) -> dict[str, Any]:
+          benchmark_imports: list[str] = (), releases_path: str | os.PathLike = release.RELEASES) -> dict[str, Any]:
     """Gather the fleet into a manifest record and write it atomically to ``out``.
     ``benchmark_imports``: benchmark records measured on other hosts, for targets this
-    host cannot measure."""
+    host cannot measure; ``releases_path``: the versions released (``release``)."""
     model_record = records.read(model_record_path, "model")
+    releases = release.read_releases(releases_path)
     benchmark_path = Path(benchmark_path)
     benchmark = records.read(benchmark_path, BENCHMARK_KIND) if benchmark_path.is_file() else None
     imported = [(str(f), records.read(f, BENCHMARK_KIND)) for f in benchmark_imports]
@@ -302,6 +312,7 @@ def build(params: Params, model_record_path: str | os.PathLike, selections_dir: 
             **({"quantization": quantization} if quantization else {}),
             **({"export": export} if export else {}),
         })
+        targets[-1]["release"] = release.state(targets[-1], releases)
     manifest = {
         **records.envelope("manifest"),
         "edgepath_version": __version__,
@@ -338,6 +349,10 @@ def _benchmark_line(b: dict[str, Any]) -> str:
             f"prompts reproduced{'' if r['llama_q4_k_m_prompts_reproduced'] is None else ' (Q4_K_M ' + str(r['llama_q4_k_m_prompts_reproduced']) + ')'}")
 
 
+def version_cell(release: dict[str, Any]) -> str:
+    return release["version"] or ("-" if release["state"] == "not built" else "unreleased")
+
+
 def table(rows: list[tuple[str, ...]]) -> list[str]:
     """``rows`` (the first is the header) as lines of left-aligned columns."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
@@ -353,7 +368,7 @@ def render(manifest: dict[str, Any]) -> str:
         f"       fingerprint {m['fingerprint'][:19]}  digest {m['digest'][:19]}",
         "",
     ]
-    header = ("TAG", "PLATFORM", "DEVICE", "PATH", "QUANT", "GROUP", "BITS/W", "VLLM", "VERIFIED", "BUILD")
+    header = ("TAG", "PLATFORM", "DEVICE", "PATH", "QUANT", "GROUP", "BITS/W", "VLLM", "VERIFIED", "BUILD", "VERSION")
     rows = [header]
     for t in manifest["targets"]:
         s, p = t["profile"]["summary"], t["path"]
@@ -363,6 +378,7 @@ def render(manifest: dict[str, Any]) -> str:
             p["name"], p["quantization"] or "-", str(p["group_size"] or "-"), f"{p['bits_per_weight']:.2f}",
             "yes" if p["runs_in_vllm"] else "no", _verified_cell(t["verification"]),
             f"{t['build']['state']} ({len(t['artifacts'])} files)" if t["artifacts"] else t["build"]["state"],
+            version_cell(t["release"]),
         ))
     lines += table(rows)
     for t in manifest["targets"]:
@@ -374,4 +390,5 @@ def render(manifest: dict[str, Any]) -> str:
             lines.append(f"  - meanwhile: {fallback['state']}: {fallback['detail']}")
         lines.append(f"  - verification: {t['verification']['state']}: {t['verification']['detail']}")
         lines.append(f"  - benchmark: {_benchmark_line(t['benchmark'])}")
+        lines.append(f"  - release: {t['release']['state']}: {t['release']['detail']}")
     return "\n".join(lines) + "\n"

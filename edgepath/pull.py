@@ -1,9 +1,10 @@
 """Pull one device's build from the DVC remote, verified against the manifest.
 
-Lifecycle of ``edgepath pull <tag> -o DIR``:
+Lifecycle of ``edgepath pull <tag> [--version V] -o DIR``:
 
-1. Read ``dvc.lock`` from the workspace: it names, by md5, every stage output
-   the remote holds, ``manifest.json`` among them.
+1. Read ``dvc.lock``: the workspace's, or with ``--version`` the one committed
+   at the git tag ``<tag>@V`` (``edgepath release``). It names, by md5, every
+   stage output the remote holds, ``manifest.json`` among them.
 2. Read the manifest: the workspace's file where its md5 is the one
    ``dvc.lock`` names, otherwise its object downloaded from the remote (a fresh
    clone has no ``build/``).
@@ -13,16 +14,20 @@ Lifecycle of ``edgepath pull <tag> -o DIR``:
 4. Exactly those objects are downloaded into a scratch directory beside
    ``DIR``; every file's size and sha256 must be the manifest's, and the
    outputs' listings may name no file in the build's directories that the
-   manifest does not. A receipt (``edgepath-pull.json``) records what was
-   pulled; then the scratch directory becomes ``DIR`` in one rename.
+   manifest does not; the files' content digest must be the manifest's (and
+   with ``--version``, the manifest must record that version). A receipt
+   (``edgepath-pull.json``) records what was pulled and its version; then the
+   scratch directory becomes ``DIR`` in one rename.
 
 Anything missing, extra or altered fails the pull naming the file, and leaves
 ``DIR`` as it was. The remote is the workspace's DVC configuration
-(``.dvc/config``, ``.dvc/config.local``, ``AWS_*`` in the environment).
+(``.dvc/config``, ``.dvc/config.local``, ``AWS_*`` in the environment), also
+for an old version: not the configuration committed at its tag, which may name
+a remote since moved, or keys kept out of git.
 
-``DIR`` holds each file at its path relative to the folder above its stage
-output: ``w4a16-tinygemm/model.safetensors``, ``model/hf/config.json``,
-``w8a16-qnn/export.json``.
+``DIR`` holds each file at its manifest ``name`` (relative to the folder above
+its stage output): ``w4a16-tinygemm/model.safetensors``, ``model/hf/config.json``,
+``w8a16-qnn/export.json``; ``build/devices/<tag>`` (the bundle) has the same layout.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import hashlib
 import json
 import os
 import posixpath
+import subprocess
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,6 +46,7 @@ from typing import Any
 from . import atomic, records
 from .errors import EdgepathError
 from .hf_model import sha256_file
+from .release import build_digest, build_files, git_tag, normalize_version
 
 LOCK_FILE = "dvc.lock"
 MANIFEST = "manifest.json"
@@ -146,11 +153,11 @@ def _md5(path: Path) -> str:
         return hashlib.file_digest(f, "md5").hexdigest()
 
 
-def manifest_output(root: Path, outputs: list[Output]) -> Output:
-    """The manifest's entry in ``dvc.lock``."""
+def manifest_output(where: str, outputs: list[Output]) -> Output:
+    """The manifest's entry in a ``dvc.lock`` (read from ``where``)."""
     out = next((o for o in outputs if o.path == MANIFEST), None)
     if out is None:
-        raise EdgepathError(f"{root / LOCK_FILE}: names no {MANIFEST}; run the manifest stage")
+        raise EdgepathError(f"{where}: names no {MANIFEST}; run the manifest stage")
     return out
 
 
@@ -195,42 +202,50 @@ def target_for(manifest: dict[str, Any], profile, priority: str = "speed") -> tu
                          f"({best['profile']['summary']['kernel_isa']}) is built with it")
 
 
-def _build_files(entry: dict[str, Any]) -> list[dict[str, Any]]:
-    """A target's build: its artifacts, then a phone's fallback build's (none
-    where it is not built)."""
-    fallback = entry.get("export", {}).get("fallback") or {}
-    return [*entry["artifacts"], *fallback.get("artifacts", [])]
-
-
 def device_files(entry: dict[str, Any]) -> list[dict[str, Any]]:
     """A target's build, which must have files to pull."""
-    files = _build_files(entry)
+    files = build_files(entry)
     if not files:
         raise EdgepathError(f"{entry['tag']}: nothing to pull: its build is {entry['build']['state']} "
                             f"({entry['build']['detail']})")
     return files
 
 
-def _placement(out: Output, path: str) -> str:
-    """Where ``path`` (inside ``out``) goes in the pull's directory."""
-    return posixpath.relpath(path, posixpath.dirname(out.path.rstrip("/")) or ".")
+def _lock_text(root: Path, tag: str | None, version: str | None) -> tuple[str, str]:
+    """(text, where) of ``dvc.lock``: the workspace's, or with ``version`` the one
+    committed at device ``tag``'s git tag for it (read through git: a clone's
+    workspace may be at any commit)."""
+    if version is None:
+        lock = root / LOCK_FILE
+        if not lock.is_file():
+            raise EdgepathError(f"{lock}: no such file; run in a clone of the project after `dvc repro`")
+        return lock.read_text(encoding="utf-8"), str(lock)
+    if tag is None:
+        raise EdgepathError("--version needs a device tag (a version is one device's)")
+    name = git_tag(tag, normalize_version(version))
+    done = subprocess.run(["git", "show", f"refs/tags/{name}:{LOCK_FILE}"], cwd=root, capture_output=True, text=True)
+    if done.returncode != 0:
+        known = subprocess.run(["git", "tag", "--list", git_tag(tag, "v*")], cwd=root, capture_output=True,
+                               text=True).stdout.split()
+        raise EdgepathError(f"no git tag {name} with a {LOCK_FILE} in {root}; its versions here: "
+                            f"{', '.join(known) or 'none'} (`git fetch --tags` for the remote's)")
+    return done.stdout, f"{LOCK_FILE} at {name}"
 
 
 def pull(root: str | os.PathLike, tag: str | None, dest: str | os.PathLike, remote_name: str | None = None,
-         progress=print, profile=None, priority: str = "speed") -> dict[str, Any]:
+         progress=print, profile=None, priority: str = "speed", version: str | None = None) -> dict[str, Any]:
     """Pull device ``tag``'s build into ``dest`` (see the module's lifecycle);
     return the receipt. With ``profile`` (and no tag): the build the selector
-    picks for that machine (``target_for``)."""
+    picks for that machine (``target_for``). With ``version``: that release of
+    ``tag``, from the manifest its git tag's ``dvc.lock`` names."""
     root, dest = Path(root), Path(dest)
     if dest.is_symlink():
         raise EdgepathError(f"{dest}: is a symbolic link; pull into a plain directory")
     if dest.exists() and not (dest / RECEIPT).is_file():
         raise EdgepathError(f"{dest}: exists and is not an earlier pull (no {RECEIPT}); choose another -o")
-    lock = root / LOCK_FILE
-    if not lock.is_file():
-        raise EdgepathError(f"{lock}: no such file; pull runs in a clone of the project after `dvc repro`")
-    outputs = sorted(lock_outputs(lock.read_text(encoding="utf-8"), str(lock)), key=lambda o: -len(o.path))
-    manifest_out = manifest_output(root, outputs)
+    lock_text, where = _lock_text(root, tag, version)
+    outputs = sorted(lock_outputs(lock_text, where), key=lambda o: -len(o.path))
+    manifest_out = manifest_output(where, outputs)
     remote = Remote(root, remote_name)
     with atomic.directory(dest) as scratch:
         manifest = load_manifest(root, manifest_out, lambda: remote, scratch)
@@ -240,6 +255,10 @@ def pull(root: str | os.PathLike, tag: str | None, dest: str | os.PathLike, remo
             chosen = {"profile": profile.summary(), "priority": priority, "why": why}
             progress(f"pull: {why}")
         entry = target(manifest, tag)
+        if version is not None and entry["release"]["version"] != normalize_version(version):
+            raise EdgepathError(f"{where} names a manifest in which {tag} is {entry['release']['state']} "
+                                f"({entry['release']['detail']}), not {normalize_version(version)}: a tag made "
+                                f"outside `edgepath release`")
         files = device_files(entry)
         listings: dict[str, dict[str, str]] = {}
         placed = []
@@ -252,7 +271,7 @@ def pull(root: str | os.PathLike, tag: str | None, dest: str | os.PathLike, remo
             md5 = listings[out.path].get(posixpath.relpath(path, out.path)) if out.is_dir else out.md5
             if md5 is None:
                 raise EdgepathError(f"{path}: missing: the manifest names it but {out.path} on the remote has no such file")
-            placed.append((f, out, md5, safe_relative(_placement(out, path), f"{path}'s place")))
+            placed.append((f, out, md5, safe_relative(f["name"], f"{MANIFEST}, target {tag}, {path}'s name")))
         _refuse_extra(tag, files, listings)
         total = sum(f["size"] for f, *_ in placed)
         done = 0
@@ -268,9 +287,15 @@ def pull(root: str | os.PathLike, tag: str | None, dest: str | os.PathLike, remo
                                     f"the manifest says {f['size']} bytes, sha256 {f['sha256']}")
             done += size
             progress(f"pull {tag}: {rel} ({size / 2**20:.1f} MiB, sha256 ok) [{done / 2**20:.0f}/{total / 2**20:.0f} MiB]")
+        digest = build_digest([{**f, "name": rel} for f, _, _, rel in placed])
+        if digest != entry["release"]["digest"]:
+            raise EdgepathError(f"{tag}: the files pulled have content digest {digest}; the manifest says "
+                                f"{entry['release']['digest']}")
         receipt = {
             **records.envelope("pull"),
             "tag": tag,
+            "release": {"state": entry["release"]["state"], "version": entry["release"]["version"], "digest": digest,
+                        **({"git_tag": git_tag(tag, entry["release"]["version"])} if version else {})},
             **({"selected_for_this_machine": chosen} if chosen else {}),
             "remote": {"name": remote.name, "url": remote.url},
             "manifest_md5": manifest_out.md5,
@@ -302,17 +327,15 @@ def listing(root: str | os.PathLike, remote_name: str | None = None) -> list[dic
     """Each device tag of the manifest: its path, build state, verification
     and size (the sum of its files)."""
     root = Path(root)
-    lock = root / LOCK_FILE
-    if not lock.is_file():
-        raise EdgepathError(f"{lock}: no such file; run `dvc repro` first")
-    out = manifest_output(root, lock_outputs(lock.read_text(encoding="utf-8"), str(lock)))
+    lock_text, where = _lock_text(root, None, None)
+    out = manifest_output(where, lock_outputs(lock_text, where))
     with tempfile.TemporaryDirectory(prefix=".edgepath-ls.", dir=root) as scratch:
         manifest = load_manifest(root, out, lambda: Remote(root, remote_name), Path(scratch))
     rows = []
     for t in manifest["targets"]:
-        files = _build_files(t)
+        files = build_files(t)
         rows.append({"tag": t["tag"], "path": t["path"]["name"], "build": t["build"]["state"],
-                     "verified": t["verification"]["verified"], "files": len(files),
+                     "verified": t["verification"]["verified"], "release": t["release"], "files": len(files),
                      "bytes": sum(f["size"] for f in files)})
     return rows
 

@@ -19,9 +19,9 @@ from typing import Any
 from . import atomic
 from .errors import EdgepathError
 
-SCHEMA_VERSIONS = {"profile": 1, "model": 1, "selection": 3, "manifest": 4, "quantization": 1,
+SCHEMA_VERSIONS = {"profile": 1, "model": 1, "selection": 3, "manifest": 5, "quantization": 1,
                    "engine_check": 2, "patch_verify": 1, "control": 1, "benchmark": 1,
-                   "export": 1, "pull": 1}
+                   "export": 1, "pull": 2, "releases": 1, "device": 1}
 # Kinds a reader accepts from a newer writer, ignoring the keys it does not know:
 # profiles are captured on devices that may run a newer edgepath.
 FORWARD_COMPATIBLE = frozenset({"profile"})

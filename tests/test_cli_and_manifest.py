@@ -71,7 +71,7 @@ def test_selection_record_needs_a_model(tmp_path):
 def test_records_of_another_schema_version_are_refused(tmp_path):
     path = tmp_path / "m.json"
     path.write_text(json.dumps({"kind": "edgepath.manifest", "schema_version": 1}))
-    with pytest.raises(EdgepathError, match="schema_version 1; this edgepath reads version 4"):
+    with pytest.raises(EdgepathError, match=f"schema_version 1; this edgepath reads version {records.SCHEMA_VERSIONS['manifest']}"):
         records.read(path, "manifest")
 
 

@@ -6,7 +6,7 @@ import shutil
 import pytest
 import yaml
 
-from edgepath import manifest, records
+from edgepath import manifest, records, release
 from edgepath.errors import EdgepathError
 
 from .conftest import run_checked as _run
@@ -124,3 +124,21 @@ def test_stale_selection_is_refused(pipeline, tmp_path):
         manifest.build(fleet.load(dest / "params.yaml"), dest / "build/model/model.json", sel,
                        tmp_path / "manifest.json", dest / "build/weights")
     assert not (tmp_path / "manifest.json").exists()
+
+
+def test_each_device_bundle_is_its_build_as_the_manifest_names_it(pipeline):
+    dest, _, log = pipeline
+    m = records.read(dest / "manifest.json", "manifest")
+    for t in m["targets"]:
+        assert f"Running stage 'bundle@{t['tag']}'" in log
+        bundle = dest / "build" / "devices" / t["tag"]
+        files = release.build_files(t)
+        on_disk = {p.relative_to(bundle).as_posix() for p in bundle.rglob("*") if p.is_file()}
+        assert on_disk == {f["name"] for f in files} | {"edgepath-device.json"}
+        for f in files:
+            assert (bundle / f["name"]).read_bytes() == (dest / f["path"]).read_bytes()
+        device = records.read(bundle / "edgepath-device.json", "device")
+        assert device["target"] == t and device["model"] == m["model"]
+        releases = release.read_releases(dest / "releases.json")
+        assert t["release"] == release.state({k: v for k, v in t.items() if k != "release"}, releases)
+        assert t["release"]["state"] in (("released", "unreleased") if files else ("not built",))

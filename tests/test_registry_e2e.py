@@ -292,3 +292,109 @@ def test_quantize_killed_mid_run_is_redone_and_never_in_the_manifest(project, tm
     assert "up to date" in _run(["dvc", "status", "quantize@w4a16-tinygemm"], dest, env)
     # what the manifest read is the checkpoint it had before: nothing downstream re-runs for it
     assert "build/weights" not in _run(["dvc", "status", "manifest"], dest, env)
+
+
+@pytest.fixture(scope="module")
+def released(project):
+    """The project after its first `edgepath release` (the output): every built device at v1.0.0."""
+    dest, env, _ = project
+    _run(["git", "add", "-A"], dest, env)  # what the tests above left (dvc.lock rewritten by their re-runs)
+    _run(["git", "commit", "-qm", "before the release", "--allow-empty"], dest, env)
+    return _run(["edgepath", "release"], dest, env)
+
+
+def _tags(dest: Path) -> set[str]:
+    return set(subprocess.run(["git", "tag"], cwd=dest, capture_output=True, text=True, check=True).stdout.split())
+
+
+def _manifest_md5_at(dest: Path, rev: str) -> str:
+    text = subprocess.run(["git", "show", f"{rev}:dvc.lock"], cwd=dest, capture_output=True, text=True,
+                          check=True).stdout
+    return pull.manifest_output(rev, pull.lock_outputs(text)).md5
+
+
+def test_release_tags_each_built_device_once_at_the_commit_that_records_it(project, released):
+    dest, env, _ = project
+    m = records.read(dest / "manifest.json", "manifest")
+    built = [t["tag"] for t in m["targets"] if t["artifacts"]]
+    assert built and len(built) < len(m["targets"])  # phone-cpu's build is pending in the suite's run
+    assert _tags(dest) == {f"{tag}@v1.0.0" for tag in built}
+    for t in m["targets"]:
+        want = ("released", "v1.0.0") if t["tag"] in built else ("not built", None)
+        assert (t["release"]["state"], t["release"]["version"]) == want, t["tag"]
+        device = records.read(dest / "build" / "devices" / t["tag"] / "edgepath-device.json", "device")
+        assert device["target"]["release"] == t["release"]
+        # each tag points at the commit whose dvc.lock names this manifest
+        if t["tag"] in built:
+            assert _manifest_md5_at(dest, f"{t['tag']}@v1.0.0") == _manifest_md5_at(dest, "HEAD")
+    assert "release: host v1.0.0 (first release)" in released
+    assert records.read(dest / "releases.json", "releases")["artifacts"]["host"]["version"] == "v1.0.0"
+    assert subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=dest, capture_output=True,
+                          text=True).stdout == ""
+    head = _run(["git", "rev-parse", "HEAD"], dest, env)
+    assert "nothing to register" in _run(["edgepath", "release"], dest, env)
+    assert _run(["git", "rev-parse", "HEAD"], dest, env) == head and len(_tags(dest)) == len(built)
+    listed = json.loads(subprocess.run(["edgepath", "ls", "--json"], cwd=dest, env=env, capture_output=True,
+                                       text=True, check=True).stdout)
+    assert {r["tag"]: r["release"]["version"] for r in listed}["gpu-cuda"] == "v1.0.0"
+
+
+def test_a_new_device_gets_v1_and_an_old_version_still_pulls_by_its_tag(project, released, tmp_path):
+    import yaml
+
+    dest, env, _ = project
+    before = _tags(dest)
+    params = yaml.safe_load((dest / "params.yaml").read_text())
+    params["targets"]["x86-avx2-b"] = dict(params["targets"]["x86-avx2"])
+    (dest / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    _run(["dvc", "repro"], dest, env)
+    _run(["git", "commit", "-qam", "another device"], dest, env)
+    # a push that fails (the remote is a file) rolls the release back: nothing committed or
+    # tagged, releases.json, dvc.lock and the manifest as they were
+    (tmp_path / "not-a-directory").write_text("")
+    _run(["dvc", "remote", "add", "--local", "broken", str(tmp_path / "not-a-directory")], dest, env)
+    head, manifest_before = _run(["git", "rev-parse", "HEAD"], dest, env), (dest / "manifest.json").read_bytes()
+    failed = subprocess.run(["edgepath", "release", "-r", "broken"], cwd=dest, env=env, capture_output=True, text=True)
+    assert failed.returncode == 2 and "dvc push -r broken failed" in failed.stderr
+    assert _run(["git", "rev-parse", "HEAD"], dest, env) == head and _tags(dest) == before
+    assert _run(["git", "status", "--porcelain", "--untracked-files=no"], dest, env) == ""
+    assert (dest / "manifest.json").read_bytes() == manifest_before
+    assert "up to date" in _run(["dvc", "status", "manifest"], dest, env)
+    out = _run(["edgepath", "release"], dest, env)
+    assert "x86-avx2-b v1.0.0 (first release)" in out and "release: host" not in out
+    assert _tags(dest) == before | {"x86-avx2-b@v1.0.0"}
+    assert yaml.safe_load((dest / "dvc.yaml").read_text())["artifacts"]["x86-avx2-b"]["path"] == \
+        "build/devices/x86-avx2-b"
+    old, now = _manifest_md5_at(dest, "host@v1.0.0"), _manifest_md5_at(dest, "HEAD")
+    assert old != now  # the fleet grew: host@v1.0.0's manifest is an older one
+    clone = _local_clone(project, tmp_path)
+    done = _pull(project, clone, "host", "--version", "1.0.0", "-o", "old")
+    assert done.returncode == 0, done.stderr
+    receipt = records.read(clone / "old" / pull.RECEIPT, "pull")
+    assert receipt["manifest_md5"] == old
+    assert receipt["release"]["version"] == "v1.0.0" and receipt["release"]["git_tag"] == "host@v1.0.0"
+    _check_pulled(project, clone / "old", "host")
+    done = _pull(project, clone, "host", "--version", "v9.9.9", "-o", "none")
+    assert done.returncode == 2 and "host@v1.0.0" in done.stderr and not (clone / "none").exists()
+
+
+def test_dvc_artifacts_get_needs_a_version_tag_and_the_remote_given_at_it(project, released, tmp_path):
+    dest, env, _ = project
+    url = f"file://{dest}"
+    untagged = tmp_path / "untagged.git"
+    _run(["git", "clone", "-q", "--bare", "--no-tags", url, str(untagged)], tmp_path, env)
+    get = ["dvc", "artifacts", "get"]
+    done = subprocess.run([*get, f"file://{untagged}", "host", "-o", "a"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True)
+    assert done.returncode != 0 and "Unable to find artifact 'host'" in done.stderr
+    # dvc reads the remote from the repository's config at the tag: `../remote`, which
+    # it resolves inside its own temporary clone
+    done = subprocess.run([*get, url, "host", "--rev", "v1.0.0", "-o", "a"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True)
+    assert done.returncode != 0 and "No such file or directory" in done.stderr
+    _run([*get, url, "host", "--rev", "v1.0.0", "-o", "a", "--remote-config", f"url={dest / 'remote'}"], tmp_path,
+         env)
+    device = records.read(tmp_path / "a" / "edgepath-device.json", "device")
+    assert device["target"]["release"]["version"] == "v1.0.0"
+    for f in pull.device_files(device["target"]):
+        assert _sha256(tmp_path / "a" / f["name"]) == f["sha256"]

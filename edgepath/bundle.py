@@ -1,0 +1,53 @@
+"""One device's build as one directory: the DVC artifact ``build/devices/<tag>``.
+
+The bundle stage (``bundle@<tag>``) copies the files the manifest names for the
+target (its artifacts, and a phone's fallback build) to their ``name``s under
+the directory, checking each copy's size and sha256 against the manifest, and
+writes ``edgepath-device.json`` (a ``device`` record: the target's manifest
+entry, which says its weight path, why, its verification and its version). The
+copies are the same DVC objects as the stage outputs they come from, so a
+remote stores them once. ``dvc artifacts get`` fetches this directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+from . import atomic, records
+from .errors import EdgepathError
+from .pull import safe_relative, target
+from .release import build_files
+
+DEVICE_RECORD = "edgepath-device.json"
+
+
+def _copy_checked(source: Path, dest: Path, entry: dict[str, Any]) -> None:
+    digest, size = hashlib.sha256(), 0
+    with open(source, "rb") as src, open(dest, "wb") as out:
+        while chunk := src.read(1 << 22):
+            digest.update(chunk)
+            out.write(chunk)
+            size += len(chunk)
+    if (size, digest.hexdigest()) != (entry["size"], entry["sha256"]):
+        raise EdgepathError(f"{source}: {size} bytes, sha256 {digest.hexdigest()}; the manifest says "
+                            f"{entry['size']} bytes, sha256 {entry['sha256']} (re-run the manifest stage)")
+
+
+def write(manifest_path: str | os.PathLike, tag: str, out: str | os.PathLike) -> dict[str, Any]:
+    """Write device ``tag``'s bundle to ``out`` atomically; return its device record."""
+    manifest_path = Path(manifest_path)
+    manifest = records.read(manifest_path, "manifest")
+    entry = target(manifest, tag)
+    base = manifest_path.parent
+    with atomic.directory(out) as scratch:
+        for f in build_files(entry):
+            dest = scratch / safe_relative(f["name"], f"{manifest_path}, target {tag}")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            _copy_checked(base / f["path"], dest, f)
+        record = {**records.envelope("device"), "edgepath_version": manifest["edgepath_version"],
+                  "model": manifest["model"], "target": entry}
+        records.write(scratch / DEVICE_RECORD, "device", record)
+    return record
