@@ -207,10 +207,11 @@ def test_file_the_manifest_does_not_name_fails_the_pull(project, tmp_path):
     assert not (clone / "out").exists()
 
 
+@pytest.mark.parametrize("field", ["path", "name"])  # where the file is read, and where it is written
 @pytest.mark.parametrize("path", ["../escape.json", "/tmp/escape.json", "build/weights/../../../escape.json"])
-def test_manifest_path_outside_the_directory_is_refused(project, tmp_path, path):
+def test_manifest_path_outside_the_directory_is_refused(project, tmp_path, path, field):
     clone = _local_clone(project, tmp_path)
-    _tampered_manifest(project, clone, lambda t: t["artifacts"][0].update(path=path))
+    _tampered_manifest(project, clone, lambda t: t["artifacts"][0].update({field: path}))
     done = _pull(project, clone, "host", "-o", "out")
     assert done.returncode == 2 and "refused path" in done.stderr
     assert not (clone / "out").exists() and not (tmp_path / "escape.json").exists()
