@@ -11,13 +11,14 @@ remote stores them once. ``dvc artifacts get`` fetches this directory.
 
 from __future__ import annotations
 
-import hashlib
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 from . import atomic, records
 from .errors import EdgepathError
+from .hf_model import sha256_file
 from .pull import safe_relative, target
 from .release import build_files
 
@@ -25,14 +26,11 @@ DEVICE_RECORD = "edgepath-device.json"
 
 
 def _copy_checked(source: Path, dest: Path, entry: dict[str, Any]) -> None:
-    digest, size = hashlib.sha256(), 0
-    with open(source, "rb") as src, open(dest, "wb") as out:
-        while chunk := src.read(1 << 22):
-            digest.update(chunk)
-            out.write(chunk)
-            size += len(chunk)
-    if (size, digest.hexdigest()) != (entry["size"], entry["sha256"]):
-        raise EdgepathError(f"{source}: {size} bytes, sha256 {digest.hexdigest()}; the manifest says "
+    """Copy ``source`` to ``dest``; the copy must have the manifest's size and sha256."""
+    shutil.copyfile(source, dest)
+    size, sha = dest.stat().st_size, sha256_file(dest)
+    if (size, sha) != (entry["size"], entry["sha256"]):
+        raise EdgepathError(f"{source}: {size} bytes, sha256 {sha}; the manifest says "
                             f"{entry['size']} bytes, sha256 {entry['sha256']} (re-run the manifest stage)")
 
 
