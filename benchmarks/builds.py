@@ -36,16 +36,15 @@ DECODE_STEPS = 128
 
 
 def compare() -> dict:
-    from edgepath import benchmark, fleet, probe, quantize
+    from edgepath import benchmark, fleet, probe
 
     params = ROOT / "params.yaml"
     settings = benchmark.Settings.from_params(fleet.namespace(params, "benchmark"))
-    quant_namespace = fleet.namespace(params, "quantize")
-    quant = quantize.Settings.from_params(quant_namespace)
+    calibration = fleet.calibration(params)
     with tempfile.TemporaryDirectory(prefix="edgepath-builds-") as out:
-        return benchmark.run(quant_namespace["paths"], ROOT / "build/model/model.json", ROOT / "build/weights",
-                             ROOT / "build/verify", ROOT / "build/control", Path(out) / "benchmark", probe.probe(),
-                             settings, quant.corpus, quant.holdout)
+        return benchmark.run(fleet.namespace(params, "quantize")["paths"], ROOT / "build/model/model.json",
+                             ROOT / "build/weights", ROOT / "build/verify", ROOT / "build/control",
+                             Path(out) / "benchmark", probe.probe(), settings, calibration.corpus, calibration.holdout)
 
 
 def _category(op: dict, vocab: int) -> str:

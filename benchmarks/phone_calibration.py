@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from edgepath import export, model as model_stage, records  # noqa: E402
+from edgepath import export, records  # noqa: E402
 
 
 def main() -> None:
@@ -50,7 +50,7 @@ def main() -> None:
     if not model_record.is_file():
         subprocess.run([str(Path(sys.executable).parent / "edgepath"), "model", "--out", str(model_record.parent)],
                        check=True)
-    model_dir = model_stage.model_directory(model_record, records.read(model_record, "model"))
+    model_dir = records.model_directory(model_record, records.read(model_record, "model"))
     settings = export.Settings.from_file(ROOT / "params.yaml")
     s = settings.qnn
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from edgepath import export, model as model_stage, records  # noqa: E402
+from edgepath import export, records  # noqa: E402
 
 
 def main() -> None:
@@ -41,7 +41,7 @@ def main() -> None:
     from edgepath.quant import calibration
 
     model_record = ROOT / "build" / "model" / "model.json"
-    model_dir = model_stage.model_directory(model_record, records.read(model_record, "model"))
+    model_dir = records.model_directory(model_record, records.read(model_record, "model"))
     settings = export.Settings.from_file(ROOT / "params.yaml")
     x = settings.xnnpack
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

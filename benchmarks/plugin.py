@@ -31,8 +31,6 @@ import csv
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -121,17 +119,47 @@ def bench_head_gate() -> list[dict]:
     return rows
 
 
-def _engine(model: Path, quantization: str | None, cache: Path, env: dict[str, str], *extra: str) -> dict:
-    """One compiled engine start in a fresh process (edgepath.engines.vllm_cpu)."""
-    with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        cmd = [sys.executable, "-m", "edgepath.engines.vllm_cpu", "--model", str(model), "--w4a8", "0",
-               "--cache-dir", str(cache), "--out", out.name, *[f"--env={k}={v}" for k, v in env.items()], *extra]
-        if quantization:
-            cmd += ["--quantization", quantization]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode:
-            raise SystemExit(f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}")
-        return json.loads(Path(out.name).read_text())
+def _prompts(model: Path) -> list[list[int]]:
+    """The fixed prompts (``edgepath.prompts``) through ``model``'s own tokenizer."""
+    from transformers import AutoTokenizer
+
+    from edgepath.prompts import fixed_prompt_ids
+
+    return fixed_prompt_ids(AutoTokenizer.from_pretrained(str(model), local_files_only=True))
+
+
+def _engine(model: Path, quantization: str | None, cache: Path, env: dict[str, str], *,
+            greedy: int = 0, speed: int = 0) -> dict:
+    """One compiled engine start in a fresh worker process (``edgepath.engines.worker``)
+    on ``cache``: its construction time, vLLM's count of compiled artifacts loaded from
+    the cache and the plugin's status; with ``greedy``, that many greedy tokens per fixed
+    prompt; with ``speed``, that many repetitions of decode (128 tokens after a chat
+    prompt) and prefill (512 tokens), in tokens/s, with the prefix cache off (a timed
+    prompt is repeated: with it on, its prefill would be served from it)."""
+    from edgepath.engines.worker import EngineProcess, command
+    from edgepath.errors import EdgepathError
+
+    cmd = command("vllm", model, quantization=quantization, env={"VLLM_CPU_INT4_W4A8": "0", **env},
+                  cache_dir=cache, prefix_caching=not speed)
+    prompts = _prompts(model) if greedy or speed else []
+    try:
+        with EngineProcess(f"engine on {model} ({cache.name})", cmd, cache.parent / f"{cache.name}.log") as process:
+            info = process.wait_ready()
+            result = {"start_s": round(process.engine_start_s, 2), "aot_artifacts_loaded": info["aot_artifacts_loaded"],
+                      "plugin": process.ask("plugin_status")}
+            if greedy:
+                result["greedy"] = process.ask("greedy", prompts=prompts, new_tokens=greedy)["tokens"]
+            if speed:
+                long_prompt = (sum(prompts, []) * 8)[:512]
+                process.ask("greedy", prompts=[prompts[0]], new_tokens=8)  # first-call warm-up
+                decode, prefill = [], []
+                for _ in range(speed):
+                    decode.append(1 / process.ask("decode", prompt=prompts[0], new_tokens=128)["seconds_per_token"])
+                    prefill.append(len(long_prompt) / process.ask("prefill", prompt=long_prompt)["seconds"])
+                result["decode_tok_s"], result["prefill_tok_s"] = decode, prefill
+    except EdgepathError as e:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{e}") from None
+    return result
 
 
 def bench_starts(checkpoint: Path, work: Path, passes: int) -> list[dict]:
@@ -141,9 +169,9 @@ def bench_starts(checkpoint: Path, work: Path, passes: int) -> list[dict]:
         caches = {arm: work / f"starts-{arm}-{p}" for arm in arms}
         for phase in ("cold", "warm"):
             for arm, env in arms.items():
-                extra = ("--greedy", "32") if phase == "warm" else ()
-                r = _engine(checkpoint, "cpu_int4", caches[arm], env, *extra)
-                greedy.setdefault(arm, r.get("greedy"))
+                r = _engine(checkpoint, "cpu_int4", caches[arm], env, greedy=32 if phase == "warm" else 0)
+                if "greedy" in r:  # the warm starts only
+                    greedy.setdefault(arm, r["greedy"])
                 rows.append({"part": "starts", "arm": arm, "phase": phase, "pass": p, "start_s": r["start_s"],
                              "aot_artifacts_loaded": r["aot_artifacts_loaded"],
                              "noop_attached": r["plugin"]["compile_cache"].get("loads", {}).get("noop_attached")})
@@ -168,7 +196,7 @@ def bench_engines(checkpoint: Path, bf16: Path, work: Path, passes: int) -> list
         _engine(model, quantization, caches[name], env)
     for p in range(passes):
         for name, (model, quantization, env) in arms.items():
-            r = _engine(model, quantization, caches[name], env, "--speed", "3")
+            r = _engine(model, quantization, caches[name], env, speed=3)
             rows.append({"part": "engines", "arm": name, "pass": p, "start_s": r["start_s"],
                          "decode_tok_s": r["decode_tok_s"], "prefill_tok_s": r["prefill_tok_s"]})
             print(f"engines pass {p} {name}: decode {statistics.median(r['decode_tok_s']):.1f} tok/s, prefill "

@@ -7,16 +7,17 @@ Lifecycle of ``run(...)``:
    model's own bf16 checkpoint and llama.cpp on the control stage's GGUFs
    (Q4_K_M, Q4_0, F16). A path this host cannot run is "not measured here",
    with the reason. The stage knows paths, not targets: which target a
-   measurement stands for is the manifest's decision (``for_target``: same
-   kernel ISA tier as this host, or a record imported from a host of the
+   measurement stands for is the manifest's decision (``manifest.measurement``
+   by ``coverage.stands_for``: same kernel ISA tier as this host, or a record imported from a host of the
    target's kind, with its provenance), so changing the fleet re-runs no
    benchmark. Nothing is ever copied from a figure that was not measured.
 2. Starts. Each arm's engine starts in a fresh worker process
    (``engines.worker``) twice: cold on an empty compile-cache directory of its
    own, then warm on the same directory; the warm worker stays up. A start is
    the time from spawning the process to its engine answering; memory is the
-   process's RssAnon after the warm start and its peak over the run (sampled;
-   VmRSS swings by gigabytes between identical runs, BRIEF).
+   process's RssAnon after the warm start and its peak over the run (sampled
+   every 20 ms). Not VmRSS: on this team's shared 2-core hosts it swings by
+   gigabytes between identical runs of the same engine.
 3. Speed, interleaved: ``passes`` rounds of (decode on every arm, then prefill
    on every arm), batch 1, greedy. Decode is seconds per token with prefill
    excluded; prefill uses a different held-out window each round (vLLM's
@@ -33,6 +34,7 @@ Lifecycle of ``run(...)``:
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import importlib.metadata
@@ -41,7 +43,6 @@ import math
 import os
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -50,13 +51,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from . import atomic, records
+from . import atomic, records, weight_paths
+from .command import Command
+from .engines.worker import EngineProcess
+from .engines.worker import command as worker_command
 from .errors import EdgepathError
-from .patch_verify import RECORD_KIND as VERIFY_KIND
 from .profile import HardwareProfile
 
 RECORD_KIND = "benchmark"
-RECORD_NAME, METRICS_NAME, SPEED_CSV, FIDELITY_CSV = "benchmark.json", "metrics.json", "speed.csv", "fidelity.csv"
+RECORD_NAME, METRICS_NAME, SPEED_CSV, FIDELITY_CSV = records.FILE_NAMES["benchmark"], "metrics.json", "speed.csv", "fidelity.csv"
 BF16_CONTROL = "vllm bf16"
 # The ratios' llama.cpp control: its usual 4-bit choice.
 LLAMA_CONTROL = "llama.cpp Q4_K_M"
@@ -80,21 +83,12 @@ class Settings:
     greedy_tokens: int = 64
 
     @classmethod
-    def from_params(cls, namespace: dict[str, Any]) -> Settings:
-        fields = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(namespace) - fields)
-        if unknown:
-            raise EdgepathError(f"benchmark: unknown setting(s) {unknown}; known: {sorted(fields)}")
-        settings = cls(**namespace)
-        for name in ("passes", "decode_tokens", "prefill_tokens", "windows", "length", "greedy_tokens"):
-            value = getattr(settings, name)
-            if not isinstance(value, int) or value < 1:
-                raise EdgepathError(f"benchmark.{name}: expected a positive integer, got {value!r}")
-        if settings.passes < 3:
-            raise EdgepathError(f"benchmark.passes: {settings.passes}; medians need at least 3 interleaved passes")
-        if not isinstance(settings.threads, int) or settings.threads < 0:
-            raise EdgepathError(f"benchmark.threads: expected 0 (all cores) or a thread count, got {settings.threads!r}")
-        return settings
+    def from_params(cls, namespace: dict[str, Any] | None, where: str = "params") -> Settings:
+        """``namespace``: params.yaml's ``benchmark``, checked against its schema (unknown
+        keys, wrong types and out-of-range counts refused, naming ``where`` and the key)."""
+        from .fleet import check_namespace
+
+        return cls(**check_namespace("benchmark", namespace, where))
 
     def thread_count(self) -> int:
         return self.threads or os.cpu_count() or 1
@@ -116,15 +110,13 @@ class Arm:
     """Weight bytes one decode step reads."""
 
     def command(self, cache_dir: Path, threads: int) -> list[str]:
-        cmd = [sys.executable, "-m", "edgepath.engines.worker", "--engine", self.engine, "--model", str(self.model),
-               "--threads", str(threads)]
-        if self.engine == "vllm":
-            env = {**dict(self.env), "OMP_NUM_THREADS": str(threads),
-                   "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}"}
-            cmd += ["--cache-dir", str(cache_dir), *[f"--env={k}={v}" for k, v in sorted(env.items())]]
-            if self.quantization:
-                cmd += ["--quantization", self.quantization]
-        return cmd
+        """This arm's worker (``engines.worker``); vLLM's ``threads`` are set in its
+        environment, bound to the first ``threads`` cores."""
+        if self.engine != "vllm":
+            return worker_command(self.engine, self.model, threads=threads)
+        env = {**dict(self.env), "OMP_NUM_THREADS": str(threads), "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}"}
+        return worker_command(self.engine, self.model, threads=threads, quantization=self.quantization, env=env,
+                              cache_dir=cache_dir)
 
 
 # ---------------------------------------------------------------- arms
@@ -164,7 +156,7 @@ def why_not_run_here(path_name: str, verify_dir: Path) -> str | None:
     record_path = verify_dir / f"{path_name}.json"
     if not record_path.is_file():
         return f"patch-verify@{path_name} has not run"
-    record = records.read(record_path, VERIFY_KIND)
+    record = records.read(record_path, "patch_verify")
     if record["not_run"]:
         return f"not run on this host: {record['not_run']}"
     if not record["passed"]:
@@ -176,23 +168,21 @@ def plan(paths: list[str], verify_dir: Path, weights_dir: Path, model_dir: Path,
          control: dict[str, Any] | None, control_dir: Path) -> tuple[list[Arm], dict[str, dict[str, Any]]]:
     """The arms (the builds of ``paths`` that run here, then the controls) and, per
     path, whether it is measured or why not."""
-    from .patch_verify import engine_env
-    from .select import CPU_ENGINES
-
     builds, states = [], {}
     for name in paths:
         reason = why_not_run_here(name, verify_dir)
         if reason is None:
-            engine = CPU_ENGINES[name]
+            engine = weight_paths.get(name)
             total, per_token = _stored_bytes(weights_dir / name)
             builds.append(Arm(name, "build", "vllm", weights_dir / name, engine.quantization,
-                              tuple(sorted(engine_env(engine).items())), round(total * 8 / parameters, 3), per_token))
+                              tuple(sorted(engine.process_env().items())), round(total * 8 / parameters, 3), per_token))
             states[name] = {"state": "measured", "detail": f"{name} passed patch-verify on this host"}
         else:
             states[name] = {"state": "not measured here", "detail": reason}
     total, per_token = _stored_bytes(model_dir)
-    controls = [Arm(BF16_CONTROL, "control", "vllm", model_dir, None,
-                    (("EDGEPATH_FUSED_CPU_NORMS", "0"), ("VLLM_CPU_INT4_W4A8", "0")),
+    # the model's own bf16 checkpoint as the bf16 path runs it, on this CPU: bf16 activations
+    bf16_env = {**weight_paths.get("bf16").process_env(), "VLLM_CPU_INT4_W4A8": "0"}
+    controls = [Arm(BF16_CONTROL, "control", "vllm", model_dir, None, tuple(sorted(bf16_env.items())),
                     round(total * 8 / parameters, 3), per_token)]
     for f in (control or {}).get("files", []):
         # llama.cpp reads every tensor of these files per step (the head is the tied embedding table)
@@ -202,55 +192,20 @@ def plan(paths: list[str], verify_dir: Path, weights_dir: Path, model_dir: Path,
     return [*builds, *controls], states
 
 
-def for_target(selection: dict[str, Any], record: dict[str, Any],
-               imported: list[tuple[str, dict[str, Any]]]) -> tuple[str, dict[str, Any] | None, str]:
-    """(state, arm or None, detail) of one target: its build measured here (the record's
-    host has the target's kernel ISA tier, so the same kernels ran), imported from a
-    record of a host of its kind (``imported``: (file, record) pairs), or not
-    measured here, with why. Arms carry the provenance of the run they came from."""
-    path, summary = selection["path"], selection["profile"]["summary"]
-    if summary["accelerator"] != "none":
-        return "not measured here", None, f"the target runs on its {summary['accelerator']}, which this host lacks"
-    if not (path["runs_in_vllm"] and path["quantization"]):
-        return "not measured here", None, f"{path['name']} is not a vLLM CPU build"
-
-    def arm_of(r: dict[str, Any]) -> dict[str, Any] | None:
-        return next((a for a in r["arms"] if a["role"] == "build" and a["name"] == path["name"]), None)
-
-    host = record["host"]["summary"]
-    arm = arm_of(record)
-    if arm is not None and host["kernel_isa"] == summary["kernel_isa"]:
-        return "measured", {**arm, "provenance": _provenance(None, record)}, \
-            f"{path['name']} measured on this host, whose CPU runs the target's kernels ({host['kernel_isa']})"
-    for file, other in imported:
-        arm_elsewhere = arm_of(other)
-        there = other["host"]["summary"]
-        if arm_elsewhere is not None and there["kernel_isa"] == summary["kernel_isa"]:
-            return "imported", {**arm_elsewhere, "provenance": _provenance(file, other)}, \
-                (f"measured on {there['cpu_model'] or there['arch']} ({there['kernel_isa']}) on "
-                 f"{other['date'][:10]}, imported from {file}")
-    if arm is None:
-        return "not measured here", None, record["paths"].get(path["name"], {}).get(
-            "detail", f"{path['name']} is not among the benchmarked paths (quantize.paths)")
-    return "not measured here", None, (f"the target's CPU ({summary['kernel_isa']}) runs other kernels than this "
-                                       f"host's ({host['kernel_isa']})")
-
-
-def _provenance(file: str | None, record: dict[str, Any]) -> dict[str, Any]:
-    return {"record": file, "date": record["date"], "host_digest": record["host"]["digest"],
-            "versions": record["versions"]}
-
-
 # ---------------------------------------------------------------- measuring
 
 def _rss_anon(pid: int) -> int | None:
+    """A process's RssAnon in bytes (resident memory it allocated, not the files it
+    maps), or None once it is gone. On Linux psutil's ``rss`` and ``shared`` are
+    /proc/PID/statm's resident and shared (file-backed and shmem) pages, so their
+    difference is the kernel's RssAnon (/proc/PID/status)."""
+    import psutil
+
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) * 1024
-    except (FileNotFoundError, ProcessLookupError):
+        memory = psutil.Process(pid).memory_info()
+    except psutil.NoSuchProcess:  # ZombieProcess too
         return None
-    return None
+    return memory.rss - memory.shared
 
 
 def _cpu_jiffies() -> tuple[int, int]:
@@ -266,7 +221,8 @@ def _process_jiffies(pid: int) -> int:
 
 
 class _PeakRss(threading.Thread):
-    """Samples the RssAnon of every registered process every 20 ms; keeps each one's peak."""
+    """Samples the RssAnon (``_rss_anon``) of every registered process every 20 ms;
+    keeps each one's peak."""
 
     def __init__(self) -> None:
         super().__init__(daemon=True)
@@ -288,36 +244,16 @@ class _PeakRss(threading.Thread):
         self.join()
 
 
-class Worker:
-    """An arm's engine in its own process (``engines.worker``); see its protocol."""
+class Worker(EngineProcess):
+    """An arm's engine in its own process, started and driven through
+    ``engines.worker`` (its protocol); ``start_s`` runs from the spawn to the ready line."""
 
     def __init__(self, arm: Arm, cache_dir: Path, threads: int, log: Path, peaks: _PeakRss) -> None:
-        self.arm, self.log = arm, log
-        started = time.perf_counter()
-        with open(log, "ab") as stderr:
-            self.proc = subprocess.Popen(arm.command(cache_dir, threads), stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, stderr=stderr, text=True)
+        self.arm = arm
+        super().__init__(arm.name, arm.command(cache_dir, threads), log)
         peaks.watch(self.proc.pid)
-        ready = self._reply()
-        self.start_s = time.perf_counter() - started
-        self.info = ready["info"]
+        self.wait_ready()
         self.rss_anon_after_start = _rss_anon(self.proc.pid)
-
-    def _reply(self) -> dict[str, Any]:
-        line = self.proc.stdout.readline()
-        if not line:
-            self.proc.wait()
-            tail = self.log.read_text(errors="replace")[-3000:]
-            raise EdgepathError(f"{self.arm.name}: the engine process exited ({self.proc.returncode}):\n{tail}")
-        reply = json.loads(line)
-        if "error" in reply:
-            raise EdgepathError(f"{self.arm.name}: {reply['error']}")
-        return reply
-
-    def ask(self, op: str, **request: Any) -> dict[str, Any]:
-        self.proc.stdin.write(json.dumps({"op": op, **request}) + "\n")
-        self.proc.stdin.flush()
-        return self._reply()
 
     def timed(self, op: str, **request: Any) -> tuple[dict[str, Any], float]:
         """``ask``, and the share of the machine's CPU that anything but this engine
@@ -334,14 +270,6 @@ class Worker:
 
     def resume(self) -> None:
         os.kill(self.proc.pid, signal.SIGCONT)
-
-    def close(self) -> None:
-        self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
 
 
 @contextlib.contextmanager
@@ -537,13 +465,12 @@ def run(paths: list[str], model_record_path: str | os.PathLike, weights_dir: str
     metrics, CSVs) and returns the record."""
     from transformers import AutoTokenizer
 
-    from .model import model_directory
     from .prompts import fixed_prompt_ids
     from .quant.calibration import evaluation_set, load_corpus
 
     started = time.monotonic()
     model_record = records.read(model_record_path, "model")
-    model_dir = model_directory(model_record_path, model_record)
+    model_dir = records.model_directory(model_record_path, model_record)
     control_dir = Path(control_dir)
     control = None
     if (control_dir / "control.json").is_file():
@@ -599,3 +526,45 @@ def run(paths: list[str], model_record_path: str | os.PathLike, weights_dir: str
         for name, content in plots_and_metrics(record).items():
             (scratch / name).write_text(content)
     return record
+
+
+# ---------------------------------------------------------------- the command
+
+def _cmd(args: argparse.Namespace) -> None:
+    from . import fleet, probe
+
+    settings = Settings.from_params(fleet.namespace(args.params, "benchmark"), str(args.params))
+    calibration = fleet.calibration(args.params)
+    paths = args.paths or fleet.namespace(args.params, "quantize").get("paths") or []
+    record = run(list(paths), args.model, args.weights, args.verify, args.control, args.out,
+                 probe.probe(), settings, calibration.corpus, calibration.holdout)
+    for arm in record["arms"]:
+        print(f"benchmark: {arm['name']}: decode {arm['decode_tok_s']['median']:.1f} tok/s, prefill "
+              f"{arm['prefill_tok_s']['median']:.0f} tok/s, perplexity {arm['fidelity']['perplexity']:.2f}, "
+              f"{arm['fidelity']['prompts_reproduced']}/{arm['fidelity']['prompts']} prompts reproduced")
+    print(f"benchmark: {len(record['arms'])} arms in {record['wall_time_s']:.0f} s -> {args.out}")
+
+
+def _arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--params", default="params.yaml",
+                   help="the benchmark settings, quantize.paths and calibration's held-out text")
+    p.add_argument("--paths", nargs="+", help="4-bit paths to measure (default: quantize.paths)")
+    p.add_argument("--model", default="build/model/model.json", help="the model record")
+    p.add_argument("--weights", default="build/weights", help="where quantize@<path> wrote its checkpoints")
+    p.add_argument("--verify", default="build/verify", help="where patch-verify@<path> wrote its records")
+    p.add_argument("--control", default="build/control", help="where the control stage wrote its GGUFs")
+    p.add_argument("--out", required=True, help="output directory (replaced atomically)")
+
+
+COMMAND = Command("benchmark", "measure every build that runs here against its controls", """\
+    Start every 4-bit build that runs on this host (its path passed patch-verify
+    here) and the controls, vLLM bf16 and llama.cpp on the control GGUFs, each
+    in its own process, cold then warm; then
+    measure decode and prefill interleaved over benchmark.passes rounds, memory
+    (RssAnon), and fidelity against bf16 (held-out perplexity, top-1, the fixed
+    prompts reproduced). A path this host cannot run is recorded as not measured
+    here, with the reason; the manifest decides which targets a measurement
+    stands for. Writes OUT/benchmark.json, OUT/metrics.json and the CSVs dvc
+    plots draws.
+
+    example:  edgepath benchmark --out build/benchmark""", _arguments, _cmd)

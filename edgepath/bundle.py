@@ -11,16 +11,18 @@ remote stores them once. ``dvc artifacts get`` fetches this directory.
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 from pathlib import Path
 from typing import Any
 
 from . import atomic, records
+from .command import Command
 from .errors import EdgepathError
 from .hf_model import sha256_file
 from .pull import safe_relative, target
-from .release import build_files
+from .versions import build_files
 
 DEVICE_RECORD = "edgepath-device.json"
 
@@ -49,3 +51,25 @@ def write(manifest_path: str | os.PathLike, tag: str, out: str | os.PathLike) ->
                   "model": manifest["model"], "target": entry}
         records.write(scratch / DEVICE_RECORD, "device", record)
     return record
+
+
+# ---------------------------------------------------------------- the command
+
+def _cmd(args: argparse.Namespace) -> None:
+    record = write(args.manifest, args.target, args.out)
+    t = record["target"]
+    print(f"bundle {t['tag']}: {t['path']['name']}, {t['build']['state']}, {t['release']['state']} "
+          f"{t['release']['version'] or ''}".rstrip() + f" -> {args.out}")
+
+
+def _arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", required=True, help="the device tag")
+    p.add_argument("--manifest", default="manifest.json")
+    p.add_argument("--out", required=True, help="output directory (replaced atomically)")
+
+
+COMMAND = Command("bundle", "one device's build as one directory", """\
+    Copy the files the manifest names for one device (a phone's fallback build
+    included) to their names under OUT, each checked against the manifest's
+    sha256, with edgepath-device.json (the device's manifest entry: path, why,
+    verification, version). OUT is the device's DVC artifact; written atomically.""", _arguments, _cmd)

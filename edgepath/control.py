@@ -19,17 +19,18 @@ all files and ``control.json`` are complete.
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata
 import os
 import sys
 from typing import Any
 
 from . import atomic, records
+from .command import Command
 from .errors import EdgepathError
 from .hf_model import sha256_file
-from .model import model_directory
 
-RECORD_NAME = "control.json"
+RECORD_NAME = records.FILE_NAMES["control"]
 RECORD_KIND = "control"
 SOURCE_TYPE = "F16"
 # Q4_K_M: llama.cpp's usual 4-bit choice; Q4_0: its plain 4-bit format; F16: the
@@ -50,7 +51,7 @@ def run(model_record_path: str | os.PathLike, out: str | os.PathLike, types: lis
     if unknown:
         raise EdgepathError(f"control.types: unknown llama.cpp type(s) {unknown}; known: {sorted(FTYPES)}")
     model_record = records.read(model_record_path, "model")
-    model_dir = model_directory(model_record_path, model_record)
+    model_dir = records.model_directory(model_record_path, model_record)
     files = []
     with atomic.directory(out) as scratch:
         source = scratch / gguf_name(SOURCE_TYPE)
@@ -79,3 +80,31 @@ def run(model_record_path: str | os.PathLike, out: str | os.PathLike, types: lis
         }
         records.write(scratch / RECORD_NAME, RECORD_KIND, record)
     return record
+
+
+# ---------------------------------------------------------------- the command
+
+def _cmd(args: argparse.Namespace) -> None:
+    from . import fleet
+
+    types = args.types or fleet.namespace(args.params, "control").get("types") or list(DEFAULT_TYPES)
+    record = run(args.model, args.out, list(types), args.threads or os.cpu_count() or 1)
+    files = ", ".join(f"{f['type']} {f['bits_per_weight']:.2f} bits/weight" for f in record["files"])
+    print(f"control: {files} -> {args.out}")
+
+
+def _arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="build/model/model.json", help="the model record")
+    p.add_argument("--params", default="params.yaml", help="control.types comes from here")
+    p.add_argument("--types", nargs="+", help="llama.cpp types to make (default: control.types)")
+    p.add_argument("--threads", type=int, default=0, help="quantizer threads (default: all cores)")
+    p.add_argument("--out", required=True, help="output directory (replaced atomically)")
+
+
+COMMAND = Command("control", "the model as llama.cpp GGUF files (the benchmark's control)", """\
+    Convert the model stage's bf16 checkpoint to an F16 GGUF with llama.cpp's own
+    converter and quantize it with llama.cpp's quantizer (control.types: Q4_K_M,
+    Q4_0 and F16 by default), then load each file once in llama.cpp and record
+    its bits per weight as llama.cpp counts them. OUT appears whole or not at all.
+
+    example:  edgepath control --model build/model/model.json --out build/control""", _arguments, _cmd)

@@ -33,6 +33,7 @@ Lifecycle of ``run(path, model_dir, out, settings)``:
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import importlib.metadata
 import json
@@ -42,15 +43,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import __version__, atomic, hf_model, records
+from . import __version__, atomic, hf_model, records, weight_paths
+from .command import Command
 from .errors import EdgepathError
-from .fleet import check_keys, namespace
-from .select import XNNPACK_GROUP_SIZE
+from .fleet import Calibration, check_namespace, namespace
+from .weight_paths import XNNPACK_GROUP_SIZE, Stage
 
-RECORD_NAME = "export.json"
+RECORD_NAME = records.FILE_NAMES["export"]
 QNN = "w8a16-qnn"
 XNNPACK = "w4a8-xnnpack"
-PATHS = (QNN, XNNPACK)
+PATHS = tuple(weight_paths.built_by(Stage.EXPORT))
+assert set(PATHS) == {QNN, XNNPACK}, "every export path of the registry has its builder here"
 PROGRAM_NAME = "program.pt2"
 PTE_NAME = "model.pte"
 _SIDE_FILES = ("generation_config.json", "chat_template.jinja")
@@ -92,36 +95,21 @@ class Settings:
     seed: int = 0
 
     @classmethod
-    def from_params(cls, export: dict[str, Any], calibration: dict[str, Any]) -> "Settings":
+    def from_params(cls, export: dict[str, Any] | None, calibration: dict[str, Any] | None,
+                    where: str = "params") -> "Settings":
         """``export``: params.yaml's ``export`` namespace (``paths``, ``qnn``, ``xnnpack``);
-        ``calibration``: ``quantize.calibration``, whose corpus, held-out documents and seed
-        every build shares. Unknown keys and wrong types are refused."""
-        from .quantize import Settings as QuantizeSettings
-
-        check_keys("export", export, {"paths", "qnn", "xnnpack"})
-        qnn = _section(QnnSettings, "export.qnn", export.get("qnn") or {})
-        xnn = _section(XnnpackSettings, "export.xnnpack", export.get("xnnpack") or {})
-        shared = QuantizeSettings.from_params({"calibration": calibration})
-        return cls(qnn, xnn, shared.corpus, shared.holdout, shared.seed)
+        ``calibration``: its ``calibration`` namespace, whose corpus, held-out documents and
+        seed every build shares. Both are checked against params.yaml's schema (unknown
+        keys and wrong types refused, naming ``where`` and the key)."""
+        export = check_namespace("export", export, where)
+        shared = Calibration.from_params(calibration, where)
+        return cls(QnnSettings(**(export.get("qnn") or {})), XnnpackSettings(**(export.get("xnnpack") or {})),
+                   shared.corpus, shared.holdout, shared.seed)
 
     @classmethod
     def from_file(cls, params: str | Path) -> "Settings":
-        """``from_params`` on a params file's ``export`` and ``quantize.calibration``."""
-        return cls.from_params(namespace(params, "export"), namespace(params, "quantize").get("calibration") or {})
-
-
-def _section(cls, where: str, mapping: dict[str, Any]):
-    check_keys(where, mapping, {f.name for f in dataclasses.fields(cls)})
-    defaults = cls()
-    for name, value in mapping.items():
-        want = type(getattr(defaults, name))
-        if want is float:
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        else:
-            ok = isinstance(value, want) and not (want is int and isinstance(value, bool))
-        if not ok or (want in (int, float) and value < 0):
-            raise EdgepathError(f"{where}.{name}: expected a non-negative {want.__name__}, got {value!r}")
-    return cls(**mapping)
+        """``from_params`` on a params file's ``export`` and ``calibration`` namespaces."""
+        return cls.from_params(namespace(params, "export"), namespace(params, "calibration"), str(params))
 
 
 def _progress(message: str) -> None:
@@ -145,8 +133,7 @@ def _generation(model_dir: Path, tokenizer) -> dict[str, Any]:
 
 def check_path(path: str, settings: Settings, info: dict[str, Any]) -> None:
     """Step 1 for ``path`` on the checkpoint described by ``info`` (``hf_model.inspect``)."""
-    if path not in PATHS:
-        raise EdgepathError(f"weight path {path!r} is not an export; edgepath export builds {list(PATHS)}")
+    weight_paths.require(path, Stage.EXPORT)
     if path == QNN:
         from .phone.qnn_w8a16 import soc_known
 
@@ -330,3 +317,42 @@ def _build_xnnpack(model_dir: Path, tokenizer, corpus, settings: Settings, scrat
             "passed": passed,
         },
     }
+
+
+# ---------------------------------------------------------------- the command
+
+def _cmd(args: argparse.Namespace) -> None:
+    model_dir = Path(args.model)
+    if model_dir.is_file():  # a model record: export the directory it names
+        model_dir = records.model_directory(model_dir, records.read(model_dir, "model"))
+    record = run(args.path, model_dir, args.out, Settings.from_file(args.params))
+    parity = record["parity"]
+    check = record.get("runtime_check")
+    ran = (f", in ExecuTorch {check['decode_tok_s']['median']:.1f} tok/s on {check['threads']} threads, top-1 "
+           f"{check['against_eager']['top1_agreement']:.3f} against eager" if check else "")
+    print(f"export: {args.path}: top-1 {parity['top1_agreement']:.3f} and logit SQNR {parity['logit_sqnr_db']} dB "
+          f"against fp32{ran}; .pte {record['pte']['state']}"
+          f"{'' if record['pte']['state'] == 'built' else ': ' + record['pte']['detail']} -> {args.out}")
+
+
+def _arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--path", required=True, help="w8a16-qnn or w4a8-xnnpack")
+    p.add_argument("--model", default="build/model/model.json", help="the model record, or a Hugging Face directory")
+    p.add_argument("--params", default="params.yaml", help="export settings and calibration's corpus")
+    p.add_argument("--out", required=True, help="output directory (replaced atomically)")
+
+
+COMMAND = Command("export", "a phone's build: an ExecuTorch program", """\
+    Export the model as the ExecuTorch program a phone runs.
+
+    w8a16-qnn (a Qualcomm NPU): QNN 16a8w, calibrated on real text run through
+    the reference model, saved as a torch.export program (program.pt2) with its
+    calibration record and its parity against fp32 (top-1, KL, logit SQNR),
+    refused below export.qnn's gate; lowered to a QNN model.pte only where
+    QNN_SDK_ROOT points to Qualcomm's SDK, otherwise the record says why not.
+    w4a8-xnnpack (any phone's CPU): int4 weights, int8 dynamic activations, int8
+    embedding, a KV cache, lowered to XNNPACK (slow: minutes, one core) and run
+    here in ExecuTorch's runtime against the eager model quantized the same way.
+    OUT also holds the tokenizer and generation settings, and export.json.
+
+    example:  edgepath export --path w4a8-xnnpack --out build/exports/w4a8-xnnpack""", _arguments, _cmd)

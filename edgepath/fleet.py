@@ -1,4 +1,11 @@
-"""The fleet and model settings in ``params.yaml``, validated.
+"""The settings in ``params.yaml``, validated against one JSON Schema.
+
+``edgepath/schemas/params.schema.json`` is the one description of the file: every
+namespace, every key, its type and range. ``load`` checks the whole file against it;
+``namespace`` checks the one namespace a stage reads (a stage that needs no fleet
+reads no fleet). A file that does not conform is refused with one line naming the
+file and the key path, e.g. ``params.yaml: quantize.gptq.damp: 'x' is not of type
+'number'``. What a schema cannot say is checked here: a target's profile file exists.
 
 ``targets`` is a mapping keyed by device tag (DVC then names stages
 ``select@<tag>``, stable when targets are added or reordered). Every target has:
@@ -7,26 +14,28 @@
 - ``priority``: ``speed`` or ``fidelity``;
 - ``platform``: the container platform its stages run on (``linux/amd64``,
   ``linux/arm64``) or ``auto`` (from the probed architecture).
+
+``calibration`` is the real text that quantize and export calibrate on and that
+quantize, patch-verify and benchmark score on (``Calibration``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from . import records, weight_paths
 from .errors import EdgepathError
-from .select import PRIORITIES
+from .weight_paths import Stage
 
+SCHEMA = "params"
+"""``records.schema(SCHEMA)`` is params.yaml's JSON Schema."""
 PROBE = "probe"
 PLATFORMS = ("linux/amd64", "linux/arm64")
 AUTO = "auto"
 PLATFORM_OF_ARCH = {"x86_64": "linux/amd64", "aarch64": "linux/arm64"}
-# a tag names DVC stages, an image tag and a DVC artifact, versioned as git tags
-# <tag>@vX.Y.Z: GTO's artifact names end in a letter or digit and hold no "."
-TAG_PATTERN = re.compile(r"^[a-z0-9](?:[a-z0-9_-]{0,61}[a-z0-9])?$")
-_TARGET_FIELDS = ("profile", "priority", "platform")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,12 +53,25 @@ class Target:
         return PLATFORM_OF_ARCH[arch]
 
 
+def check_platform(tag: str, platform: str, path: Mapping[str, Any], profile) -> None:
+    """Refuse a container platform that the device's build cannot run on: a build that
+    runs in vLLM on the device's own CPU (``path``: a selection record's ``path``, with
+    ``name`` and ``runs_in_vllm``; ``profile``: the device's ``HardwareProfile``) needs
+    the platform native to that CPU (an arm64 server's vLLM build is linux/arm64)."""
+    native = PLATFORM_OF_ARCH.get(profile.arch)
+    if path["runs_in_vllm"] and profile.accelerator == "none" and platform != native:
+        raise EdgepathError(
+            f"target {tag}: its {path['name']} build runs on the device's {profile.arch} CPU, so its "
+            f"platform must be {native}, not {platform}"
+        )
+
+
 @dataclasses.dataclass(frozen=True)
 class Params:
     model_source: str
     targets: dict[str, Target]
     quantize: dict[str, Any] = dataclasses.field(default_factory=dict)
-    """The ``quantize`` namespace as written; ``quantize.Settings.from_params`` checks it."""
+    """The ``quantize`` namespace as written (schema-checked)."""
 
     def target(self, tag: str) -> Target:
         if tag not in self.targets:
@@ -57,55 +79,79 @@ class Params:
         return self.targets[tag]
 
 
-def _target(tag: Any, spec: Any, root: Path) -> Target:
-    where = f"params targets.{tag}"
-    if not isinstance(tag, str) or not TAG_PATTERN.match(tag):
-        raise EdgepathError(
-            f"{where}: a device tag is lower-case letters, digits, '_' or '-' (at most 63), starting "
-            f"and ending with a letter or digit (it names stages, a DVC artifact and git tags)"
-        )
-    if not isinstance(spec, dict):
-        raise EdgepathError(f"{where}: expected a mapping with {', '.join(_TARGET_FIELDS)}")
-    unknown = sorted(set(spec) - set(_TARGET_FIELDS))
-    if unknown:
-        raise EdgepathError(f"{where}: unknown field(s) {', '.join(map(str, unknown))}; known: {', '.join(_TARGET_FIELDS)}")
-    missing = [f for f in _TARGET_FIELDS if f not in spec]
-    if missing:
-        raise EdgepathError(f"{where}: missing field(s) {', '.join(missing)}")
-    profile, priority, platform = spec["profile"], spec["priority"], spec["platform"]
-    if not isinstance(profile, str) or not profile:
-        raise EdgepathError(f"{where}.profile: expected 'probe' or a path to a profile JSON")
-    if profile != PROBE and not (root / profile).is_file():
-        raise EdgepathError(f"{where}.profile: no such profile file {profile!r}")
-    if priority not in PRIORITIES:
-        raise EdgepathError(f"{where}.priority: {priority!r} is not one of {', '.join(PRIORITIES)}")
-    if platform not in (*PLATFORMS, AUTO):
-        raise EdgepathError(f"{where}.platform: {platform!r} is not one of {', '.join((*PLATFORMS, AUTO))}")
-    return Target(tag=tag, profile=profile, priority=priority, platform=platform)
+@dataclasses.dataclass(frozen=True)
+class Calibration:
+    """The ``calibration`` namespace: absent keys keep these defaults."""
+
+    corpus: str = "austen"
+    """``austen`` (Jane Austen's novels) or a directory of ``.txt`` files."""
+    holdout: tuple[str, ...] = ("persuasion",)
+    """Documents scored on, never calibrated on."""
+    samples: int = 128
+    length: int = 256
+    chat_fraction: float = 0.25
+    seed: int = 0
+
+    @classmethod
+    def from_params(cls, section: Mapping[str, Any] | None, where: str = "params") -> Calibration:
+        section = check_namespace("calibration", section, where)
+        return cls(**{**section, **({"holdout": tuple(section["holdout"])} if "holdout" in section else {})})
 
 
-def parse(data: Any, root: str | Path = ".") -> Params:
-    """Validate the parsed ``params.yaml``; file paths are relative to ``root``."""
+# Namespaces that list weight paths, and the stage that must build each: the names are
+# the registry's (``weight_paths``), so a new path needs no edit of the schema.
+_PATH_LISTS = {"quantize": Stage.QUANTIZE, "export": Stage.EXPORT}
+
+
+def _check_paths(name: str, section: Mapping[str, Any], where: str) -> None:
+    stage = _PATH_LISTS.get(name)
+    if stage is None:
+        return
+    for i, path in enumerate(section.get("paths") or []):
+        if path not in weight_paths.built_by(stage):
+            raise EdgepathError(f"{where}: {name}.paths.{i}: {path!r} is not one of the paths the {stage.value} "
+                                f"stage builds ({', '.join(weight_paths.built_by(stage))})")
+
+
+def validate(data: Any, where: str = "params") -> None:
+    """Refuse ``data`` (a parsed params file) unless it conforms to the schema and its
+    path lists name paths of the registry, naming ``where`` and the key path."""
+    found = records.problem(SCHEMA, data)
+    if found is not None:
+        raise EdgepathError(f"{where}: {found}")
+    for name in _PATH_LISTS:
+        _check_paths(name, data.get(name) or {}, where)
+
+
+def _top_level_required(error) -> bool:
+    return error.validator == "required" and not error.absolute_path
+
+
+def check_namespace(name: str, section: Any, where: str = "params") -> dict[str, Any]:
+    """``section``, the ``name`` namespace of a params file, checked against its part of
+    the schema; ``{}`` for an absent (None) namespace."""
+    if name not in records.schema(SCHEMA)["properties"]:
+        raise KeyError(f"params.yaml has no namespace {name!r}")
+    if section is None:
+        return {}
+    found = records.problem(SCHEMA, {name: section}, skip=_top_level_required)
+    if found is not None:
+        raise EdgepathError(f"{where}: {found}")
+    _check_paths(name, section, where)
+    return dict(section)
+
+
+def parse(data: Any, root: str | Path = ".", where: str = "params") -> Params:
+    """Validate the parsed ``params.yaml`` (``where`` names it in errors); profile
+    paths are relative to ``root``."""
+    validate(data, where)
     root = Path(root)
-    if not isinstance(data, dict):
-        raise EdgepathError("params: expected a mapping with 'model' and 'targets'")
-    model = data.get("model")
-    if not isinstance(model, dict) or not isinstance(model.get("source"), str):
-        raise EdgepathError("params model.source: expected 'embedded' or a path to a Hugging Face directory")
-    targets = data.get("targets")
-    if not isinstance(targets, dict) or not targets:
-        raise EdgepathError(
-            "params targets: expected a mapping of device tag -> {profile, priority, platform} "
-            "(a mapping, not a list, so DVC's stage names stay stable)"
-        )
-    quantize = data.get("quantize") or {}
-    if not isinstance(quantize, dict):
-        raise EdgepathError("params quantize: expected a mapping (see params.yaml's comments)")
-    return Params(
-        model_source=model["source"],
-        targets={tag: _target(tag, spec, root) for tag, spec in targets.items()},
-        quantize=quantize,
-    )
+    targets = {}
+    for tag, spec in data["targets"].items():
+        if spec["profile"] != PROBE and not (root / spec["profile"]).is_file():
+            raise EdgepathError(f"{where}: targets.{tag}.profile: no such profile file {spec['profile']!r}")
+        targets[tag] = Target(tag=tag, **spec)
+    return Params(model_source=data["model"]["source"], targets=targets, quantize=dict(data.get("quantize") or {}))
 
 
 def _read(path: Path) -> Any:
@@ -121,23 +167,21 @@ def _read(path: Path) -> Any:
 
 def load(path: str | Path = "params.yaml") -> Params:
     path = Path(path)
-    return parse(_read(path), root=path.parent)
-
-
-def check_keys(where: str, mapping: Any, known: set[str]) -> None:
-    """Refuse a settings section that is not a mapping or has keys no stage reads."""
-    if not isinstance(mapping, dict):
-        raise EdgepathError(f"{where} must be a mapping, got {mapping!r}")
-    unknown = sorted(set(mapping) - known)
-    if unknown:
-        raise EdgepathError(f"{where}: unknown keys {unknown} (known: {sorted(known)})")
+    return parse(_read(path), root=path.parent, where=str(path))
 
 
 def namespace(path: str | Path, name: str) -> dict[str, Any]:
-    """Only the ``name`` namespace of a params file (``quantize``, ``benchmark``, ...):
-    a stage that needs no fleet reads no fleet; {} where the file lacks it."""
+    """Only the ``name`` namespace of a params file (``quantize``, ``benchmark``, ...),
+    checked against the schema: a stage that needs no fleet reads no fleet; {} where
+    the file lacks it."""
     data = _read(Path(path))
-    section = data.get(name) if isinstance(data, dict) else None
-    if not isinstance(section or {}, dict):
-        raise EdgepathError(f"{path}: {name}: expected a mapping")
-    return section or {}
+    if data is None:  # an empty file: every namespace absent
+        data = {}
+    if not isinstance(data, dict):
+        validate(data, str(path))  # refused: not a mapping
+    return check_namespace(name, data.get(name), str(path))
+
+
+def calibration(path: str | Path) -> Calibration:
+    """The ``calibration`` namespace of a params file, defaults filled in."""
+    return Calibration.from_params(namespace(path, "calibration"), str(path))

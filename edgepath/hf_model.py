@@ -1,9 +1,11 @@
 """Validate and fingerprint a Hugging Face model directory, without loading it.
 
-Standard library only: the checks read ``config.json``, the tokenizer files
-and each safetensors header (an 8-byte little-endian length, then a JSON map
-of tensor name -> dtype, shape, byte offsets), never the weights themselves,
-and never unpickle anything. A directory is refused, with the problem named,
+The checks read ``config.json``, the tokenizer files and each safetensors
+header, never the weights themselves, and never unpickle anything. The headers
+are read by the safetensors library (``safe_open``, numpy framework: it
+memory-maps the file and loads no tensor), which refuses a header over the
+format's 100 MiB limit before reading it, and a file whose tensors' byte
+ranges do not cover it exactly. A directory is refused, with the problem named,
 when it has no tokenizer, weights that are not safetensors, a truncated or
 corrupt safetensors file, or an architecture the pipeline does not handle.
 
@@ -20,7 +22,6 @@ import hashlib
 import json
 import math
 import os
-import struct
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +34,24 @@ SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
 )
 
-_DTYPE_BYTES = {
-    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2,
-    "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8,
+# Bits per element of each dtype safetensors reads (the sub-byte ones come packed; the
+# library checks that every tensor's byte range is its shape times this).
+_DTYPE_BITS = {
+    "BOOL": 8, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8,
+    "F8_E8M0": 8, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8, "I16": 16, "U16": 16, "F16": 16, "BF16": 16,
+    "I32": 32, "U32": 32, "F32": 32, "C64": 64, "F64": 64, "I64": 64, "U64": 64,
 }
-# Largest header the safetensors format allows (its reference reader's limit).
-_MAX_HEADER_BYTES = 100 * 1024 * 1024
+# safetensors' reasons for refusing a file (its SafetensorError text) -> the problem as
+# a user reads it; the library's own words follow.
+_SAFETENSORS_PROBLEMS = (
+    ("header too small", "truncated safetensors file, no complete header"),
+    ("header too large", "not a safetensors file, or truncated: a header length over the format's 100 MiB limit"),
+    ("invalid header length", "not a safetensors file, or truncated: its header runs past the end of the file"),
+    ("incomplete metadata", "truncated, or bytes after the last tensor: the tensors the header lists do not "
+                            "cover the file exactly; re-download or re-export it"),
+    ("invalid JSON", "corrupt safetensors header"),
+    ("invalid shape", "corrupt safetensors header: a tensor's byte range does not fit its shape and dtype"),
+)
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json",
                    "special_tokens_map.json", "chat_template.jinja")
@@ -66,54 +79,29 @@ def _canonical_sha256(obj: Any) -> str:
 
 def read_safetensors_header(path: Path) -> dict[str, dict[str, Any]]:
     """Tensor name -> {dtype, shape} of one safetensors file, after checking that
-    the header parses and the file holds exactly the bytes the header promises."""
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
-            raise EdgepathError(f"{path}: truncated safetensors file ({size} bytes, no header)")
-        (n,) = struct.unpack("<Q", head)
-        if n > _MAX_HEADER_BYTES or 8 + n > size:
-            raise EdgepathError(
-                f"{path}: not a safetensors file, or truncated (header length {n}, file {size} bytes)"
-            )
-        try:
-            header = json.loads(f.read(n))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise EdgepathError(f"{path}: corrupt safetensors header ({e})") from None
-    if not isinstance(header, dict):
-        raise EdgepathError(f"{path}: corrupt safetensors header (not a JSON object)")
-    header.pop("__metadata__", None)
-    data_bytes = size - 8 - n
-    tensors, end = {}, 0
-    for name, info in header.items():
-        try:
-            dtype, shape, (begin, stop) = info["dtype"], info["shape"], info["data_offsets"]
-            numel = 1
-            for dim in shape:
-                numel *= int(dim)
-            expected = numel * _DTYPE_BYTES[dtype]
-        except (KeyError, TypeError, ValueError):
-            raise EdgepathError(f"{path}: corrupt safetensors header entry for tensor {name!r}") from None
-        if stop - begin != expected or begin < 0:
-            raise EdgepathError(
-                f"{path}: tensor {name!r} ({dtype} {shape}) spans {stop - begin} bytes, expected {expected}"
-            )
-        end = max(end, stop)
-        tensors[name] = {"dtype": dtype, "shape": [int(d) for d in shape]}
-    if end > data_bytes:
-        raise EdgepathError(
-            f"{path}: truncated: the header promises {end} bytes of tensor data, the file holds "
-            f"{data_bytes} (re-download or re-export it)"
-        )
-    if end < data_bytes:
-        raise EdgepathError(f"{path}: {data_bytes - end} unexpected bytes after the last tensor (corrupt file)")
+    the header parses and the file holds exactly the bytes the header promises
+    (safetensors' checks, on the memory-mapped file: no tensor is loaded)."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(path, framework="numpy") as f:
+            slices = {name: f.get_slice(name) for name in f.keys()}
+            tensors = {name: {"dtype": s.get_dtype(), "shape": [int(d) for d in s.get_shape()]}
+                       for name, s in slices.items()}
+    except SafetensorError as e:
+        reason = str(e).removeprefix("Error while deserializing header: ")
+        problem = next((p for key, p in _SAFETENSORS_PROBLEMS if reason.startswith(key)),
+                       "not a readable safetensors file")
+        raise EdgepathError(f"{path}: {problem} (safetensors: {reason}; {path.stat().st_size} bytes)") from None
+    unknown = sorted({t["dtype"] for t in tensors.values()} - _DTYPE_BITS.keys())
+    if unknown:
+        raise EdgepathError(f"{path}: tensors of dtype {', '.join(unknown)}, which edgepath does not know")
     return tensors
 
 
 def tensor_bytes(path: Path) -> dict[str, int]:
     """Tensor name -> bytes of its data in one safetensors file (header checked)."""
-    return {name: math.prod(t["shape"]) * _DTYPE_BYTES[t["dtype"]]
+    return {name: math.prod(t["shape"]) * _DTYPE_BITS[t["dtype"]] // 8
             for name, t in read_safetensors_header(path).items()}
 
 

@@ -28,14 +28,18 @@ command line of ``edgepath run --in-image``.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
 import shlex
+import sys
 from pathlib import Path
 from typing import Any
 
-from . import fleet, select
+from . import coverage, fleet
+from .command import Command
+from .coverage import DeviceClass
 from .errors import EdgepathError
 from .profile import HardwareProfile
 
@@ -81,16 +85,14 @@ DEVICE_STAGES = ("probe", "select")
 """Stages run per device tag (``--target``): in that device's image."""
 
 
+# The image each kind of device (``coverage.device_class``) is served by: a phone's
+# build is an export, made on the build host's export image.
+IMAGE_OF_DEVICE = {DeviceClass.GPU: "gpu", DeviceClass.PHONE: "export", DeviceClass.X86_CPU: "cpu-vllm",
+                   DeviceClass.ARM_CPU: "cpu-arm64"}
+
+
 def image_for_profile(profile: HardwareProfile) -> Image:
-    if profile.accelerator.startswith("cuda"):
-        return IMAGES["gpu"]
-    if select.is_phone(profile):
-        return IMAGES["export"]
-    if profile.arch == "x86_64":
-        return IMAGES["cpu-vllm"]
-    if profile.arch == "aarch64":
-        return IMAGES["cpu-arm64"]
-    raise EdgepathError(f"no edgepath image runs on a {profile.arch} CPU (images: {', '.join(IMAGES)})")
+    return IMAGES[IMAGE_OF_DEVICE[coverage.device_class(profile)]]
 
 
 def _target_profile(target: fleet.Target, root: Path) -> HardwareProfile:
@@ -210,3 +212,64 @@ def container_command(tool: str, reference: str, platform: str, workdir: Path,
         *shlex.split(os.environ.get(RUN_ARGS_ENV, "")),
         reference, stage, *stage_args,
     ]
+
+
+# ---------------------------------------------------------------- the command
+
+def add_reference_options(p: argparse.ArgumentParser) -> None:
+    """An image's reference: <registry>/edgepath-<image>:<version>."""
+    from . import __version__
+
+    p.add_argument("--registry", default=os.environ.get("EDGEPATH_REGISTRY", LOCAL_REGISTRY),
+                   help="image registry (default: $EDGEPATH_REGISTRY or localhost, where images/build tags)")
+    p.add_argument("--version", default=__version__, help=f"image version (default: {__version__})")
+
+
+def _cmd_plan(args: argparse.Namespace) -> None:
+    the_plan = plan(fleet.load(args.params), Path(args.params).parent, args.registry, args.version)
+    if args.json:
+        sys.stdout.write(json.dumps(the_plan, indent=2) + "\n")
+        return
+    for image in the_plan["images"]:
+        where = "" if image["built_here"] else "  (built in CI only)"
+        print(f"{image['reference']}  {','.join(image['platforms'])}  {image['dockerfile']}{where}")
+        print(f"    {image['description']}; serves: {', '.join(image['targets']) or '-'}")
+    for device in the_plan["devices"]:
+        print(f"{device['tag']}: {' '.join(device['references'])} -> {device['source']}")
+
+
+def _cmd_bake(args: argparse.Namespace) -> None:
+    from . import atomic
+
+    text = bake_json(fleet.load(args.params), Path(args.params).parent)
+    if args.out:
+        atomic.write_text(args.out, text)
+        print(f"images bake: {len(IMAGES)} images -> {args.out}")
+    else:
+        sys.stdout.write(text)
+
+
+def _params_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--params", default="params.yaml", help="the fleet (default: params.yaml)")
+
+
+def _plan_arguments(p: argparse.ArgumentParser) -> None:
+    _params_argument(p)
+    add_reference_options(p)
+    p.add_argument("--json", action="store_true", help="print the plan as JSON (what CI reads)")
+
+
+def _bake_arguments(p: argparse.ArgumentParser) -> None:
+    _params_argument(p)
+    p.add_argument("--out", help="write here (atomically) instead of stdout")
+
+
+_PLAN_HELP = "every image, its platforms and devices; every device tag"
+_BAKE_HELP = "docker-bake.json, from the image table and the fleet"
+COMMAND = Command("images", "the container images and the device tags they serve", """\
+    The per-architecture images that run the stages (images/<runtime>/Dockerfile):
+    which platforms each is built for, which of the fleet's devices it serves,
+    and the per-device tags CI publishes. images/build builds them here.""", subcommands=(
+    Command("plan", _PLAN_HELP, _PLAN_HELP, _plan_arguments, _cmd_plan),
+    Command("bake", _BAKE_HELP, _BAKE_HELP, _bake_arguments, _cmd_bake),
+))

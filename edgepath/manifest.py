@@ -5,12 +5,16 @@ order), the quantize stage's checkpoints, the patch-verify records and the
 benchmark record; validated against ``schemas/manifest.schema.json`` when
 written and when read.
 
-A target's ``verification.verified`` is true only where its build ran on such
-hardware and matched its reference: where a patch-verify record covers the
-target (``patch_verify.covers_target``: same kernel ISA tier as the build
-host), that record's verdict; elsewhere the selection's kernel evidence. A
-phone's program is checked on the build host (``checked off-device``), which is
-not a phone, so it stays unverified. A phone whose program cannot be lowered
+A target's ``verification.verified`` comes from records only, never from
+prose: it is true only where its build ran on hardware of its kind and matched
+its reference, i.e. where this pipeline's patch-verify record stands for the
+target (``coverage.stands_for``: the build host's kernel ISA tier), that
+record's verdict, or else where an imported benchmark record (with its host
+digest, date and versions) of a host of the target's tier measured the path,
+which it does only after patch-verify passed there. A phone's program is
+checked on the build host (``checked off-device``), which is not a phone, so it
+stays unverified. Which stage built a target's artifact is its path's
+``built_by`` (``weight_paths.Stage``). A phone whose program cannot be lowered
 here (QNN without Qualcomm's SDK) has its path's fallback build beside it.
 
 Each artifact has a ``name``, its place in the device's build directory (the
@@ -20,23 +24,20 @@ bundle, a pull); each target's ``release`` says which version (``releases.json``
 
 from __future__ import annotations
 
+import argparse
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
-from . import __version__, records, release
-from .engine_check import CHECK_NAME
+from . import __version__, coverage, records, versions
+from .command import Command
 from .errors import EdgepathError
 from .fleet import Params
 from .hf_model import sha256_file
-from .model import model_directory
-from .benchmark import RECORD_KIND as BENCHMARK_KIND, for_target
-from .export import RECORD_NAME as EXPORT_RECORD
-from .patch_verify import RECORD_KIND as VERIFY_KIND, covers_target
-from .quantize import REPORT_NAME
+from .weight_paths import Stage
 
-# Paths whose artifact is the model directory itself (nothing to quantize).
-_BUILT_BY_MODEL_STAGE = "model"
+EXPORT_RECORD = records.FILE_NAMES["export"]
 
 
 def _relative(path: Path, base: Path) -> str:
@@ -79,8 +80,8 @@ def _build(selection: dict[str, Any], model_record: dict[str, Any], model_dir: P
            export: dict[str, Any] | None, exports_dir: Path, base: Path):
     """(build state, artifacts, quantization summary or None) of one target; ``export``:
     its export record, where its path is an export that was built."""
-    stage = selection["path"]["build_with"].split()[0]
-    if stage == _BUILT_BY_MODEL_STAGE:
+    stage = Stage(selection["path"]["built_by"])
+    if stage is Stage.MODEL:
         artifacts = [
             {"path": _relative(model_dir / f["path"], base), "name": f"{model_dir.name}/{f['path']}",
              "size": f["size"], "sha256": f["sha256"]}
@@ -89,11 +90,12 @@ def _build(selection: dict[str, Any], model_record: dict[str, Any], model_dir: P
         return {"state": "built", "detail": "the model stage's checkpoint, unquantized"}, artifacts, None
     name = selection["path"]["name"]
     built = weights_dir / name
-    if stage == "quantize" and (built / REPORT_NAME).is_file():
-        report = records.read(built / REPORT_NAME, "quantization")
+    report_file = built / records.FILE_NAMES["quantization"]
+    if stage is Stage.QUANTIZE and report_file.is_file():
+        report = records.read(report_file, "quantization")
         if report["model"]["fingerprint"] != model_record["fingerprint"]:
             raise EdgepathError(f"{built}: quantized from another model (fingerprint differs); re-run quantize@{name}")
-        check = records.read(built / CHECK_NAME, "engine_check")
+        check = records.read(built / records.FILE_NAMES["engine_check"], "engine_check")
         artifacts = [_artifact(f, base, weights_dir) for f in sorted(built.iterdir()) if f.is_file()]
         checked = (f"engine check not run on the build host: {check['not_run']}" if check["not_run"]
                    else f"engine check {'passed' if check['passed'] else 'FAILED'}")
@@ -103,16 +105,15 @@ def _build(selection: dict[str, Any], model_record: dict[str, Any], model_dir: P
     if export is not None:
         artifacts = _export_artifacts(exports_dir / name, export, base)
         return {"state": "built", "detail": _export_detail(export)}, artifacts, None
-    where = {"quantize": "quantize.paths", "export": "export.paths"}.get(stage)
-    why = (f"{stage}@{name} has no complete output here (not in {where} in params.yaml, not run yet, or "
-           f"interrupted)" if where else f"the {stage} stage does not exist in this pipeline yet")
-    return {"state": "pending", "detail": f"built by the {stage} stage; {why}"}, [], None
+    return {"state": "pending", "detail": (f"built by the {stage.value} stage; {stage.value}@{name} has no complete "
+                                           f"output here (not in {stage.value}.paths in params.yaml, not run yet, "
+                                           f"or interrupted)")}, [], None
 
 
 def export_record(selection: dict[str, Any], exports_dir: Path, model_record: dict[str, Any]) -> dict[str, Any] | None:
     """The export record of the target's path, or None (not an export path, or not built)."""
     path = selection["path"]
-    return _read_export(path["name"], exports_dir, model_record) if path["build_with"].startswith("export") else None
+    return _read_export(path["name"], exports_dir, model_record) if path["built_by"] == Stage.EXPORT.value else None
 
 
 def _read_export(name: str, exports_dir: Path, model_record: dict[str, Any]) -> dict[str, Any] | None:
@@ -172,24 +173,43 @@ def _export_summary(selection: dict[str, Any], record: dict[str, Any], exports_d
 
 
 def _verification(selection: dict[str, Any], verify_dir: Path, export: dict[str, Any] | None,
-                  base: Path) -> dict[str, Any]:
-    path = selection["path"]
-    static = {"verified": path["verified"], "record": None}
+                  imported: list[tuple[str, dict[str, Any]]], base: Path) -> dict[str, Any]:
+    """Whether the target's build ran on hardware of its kind and matched its reference,
+    from records only: this pipeline's patch-verify record where its host stands for
+    the target (``coverage.stands_for``), else an imported benchmark record of a host
+    that does (the benchmark measures a path only after patch-verify passed there);
+    a phone's program from its export record, which is checked off-device."""
+    path, target = selection["path"], selection["profile"]["summary"]
+    name = path["name"]
     if export is not None:
-        return {**static, **_export_verification(path["name"], export)}
-    if not (path["runs_in_vllm"] and path["quantization"]):
-        return {**static, "state": "not run here",
-                "detail": f"patch-verify runs the 4-bit vLLM CPU paths; {path['name']} is built by "
-                          f"{path['build_with'].split()[0]}"}
-    record_path = verify_dir / f"{path['name']}.json"
-    if not record_path.is_file():
-        return {**static, "state": "not run here",
-                "detail": f"patch-verify@{path['name']} has not run (add {path['name']} to quantize.paths)"}
-    record = records.read(record_path, VERIFY_KIND)
-    reference = {"record": _relative(record_path, base)}
-    reason = covers_target(record, selection["profile"]["summary"])
-    if reason is not None:
-        return {**static, **reference, "state": "not run here", "detail": reason}
+        return {"verified": False, "record": None, **_export_verification(name, export)}
+    if path["built_by"] != Stage.QUANTIZE.value or not path["runs_in_vllm"]:
+        device = target["gpu_name"] or target["accelerator"] if target["accelerator"] != "none" else target["arch"]
+        return {"verified": False, "record": None, "state": "not run here",
+                "detail": (f"nothing of this device's kind ({device}) ran {name} in this pipeline: patch-verify runs the 4-bit vLLM CPU paths, "
+                           f"and {name} is built by the {path['built_by']} stage")}
+    record_path = verify_dir / f"{name}.json"
+    record = records.read(record_path, "patch_verify") if record_path.is_file() else None
+    reference = {"record": _relative(record_path, base) if record else None}
+    if record is None:
+        why = f"patch-verify@{name} has not run (add {name} to quantize.paths)"
+    elif record["not_run"]:
+        why = f"patch-verify did not run {name} on the build host: {record['not_run']}"
+    else:
+        why = coverage.stands_for(record["host"]["summary"], target)
+    if why is None:
+        return _patch_verified(record, reference)
+    for file, other in imported:
+        there = other["host"]["summary"]
+        if other["paths"].get(name, {}).get("state") == "measured" and coverage.stands_for(there, target) is None:
+            return {"verified": True, "record": file, "state": "imported", "run": _provenance(file, other),
+                    "detail": (f"patch-verify passed on {there['cpu_model'] or there['arch']} ({there['kernel_isa']}) "
+                               f"before its benchmark of {other['date'][:10]} measured {name} there; imported from "
+                               f"{file}")}
+    return {"verified": False, **reference, "state": "not run here", "detail": why}
+
+
+def _patch_verified(record: dict[str, Any], reference: dict[str, Any]) -> dict[str, Any]:
     host = record["host"]["summary"]
     where = f"on the build host ({host['cpu_model'] or host['arch']}, {host['kernel_isa']})"
     patches = {name: p["state"] for name, p in record["patches"].items()}
@@ -197,11 +217,12 @@ def _verification(selection: dict[str, Any], verify_dir: Path, export: dict[str,
         return {"verified": False, **reference, "state": "failed", "patches": patches,
                 "detail": f"patch-verify {where}: {'; '.join(record['failures'])}"}
     agreement = record["check"]["against"]["dequantized"]["teacher_forced_top1_agreement"]
+    gate = f"; {record['check']['w4a8_gate_lifted']}" if record["check"].get("w4a8_gate_lifted") else ""
     return {"verified": True, **reference, "state": "passed", "patches": patches,
             "detail": (f"patch-verify {where}: every quantized layer ran {record['check']['kernel_op']}, top-1 "
                        f"agreement with the checkpoint's own weights {agreement:.3f}, warm start "
                        f"{record['starts']['warm_s']:.0f} s from the compile cache (cold "
-                       f"{record['starts']['cold_s']:.0f} s)")}
+                       f"{record['starts']['cold_s']:.0f} s){gate}")}
 
 
 def _export_verification(name: str, export: dict[str, Any]) -> dict[str, Any]:
@@ -219,16 +240,53 @@ def _export_verification(name: str, export: dict[str, Any]) -> dict[str, Any]:
                        f"{greedy['prompts']} prompts reproduced over {greedy['tokens']} tokens; no phone ran it")}
 
 
+def measurement(selection: dict[str, Any], record: dict[str, Any],
+                imported: list[tuple[str, dict[str, Any]]]) -> tuple[str, dict[str, Any] | None, str]:
+    """(state, arm or None, detail) of one target: its build measured here (the record's
+    host stands for the target, ``coverage.stands_for``), imported from a record of a
+    host that does (``imported``: (file, record) pairs), or not measured here, with
+    why. Arms carry the provenance of the run they came from."""
+    path, summary = selection["path"], selection["profile"]["summary"]
+    if summary["accelerator"] != "none":
+        return "not measured here", None, f"the target runs on its {summary['accelerator']}, which this host lacks"
+    if not (path["runs_in_vllm"] and path["quantization"]):
+        return "not measured here", None, f"{path['name']} is not a vLLM CPU build"
+
+    def arm_of(r: dict[str, Any]) -> dict[str, Any] | None:
+        return next((a for a in r["arms"] if a["role"] == "build" and a["name"] == path["name"]), None)
+
+    host = record["host"]["summary"]
+    arm, elsewhere = arm_of(record), coverage.stands_for(host, summary)
+    if arm is not None and elsewhere is None:
+        return "measured", {**arm, "provenance": _provenance(None, record)}, \
+            f"{path['name']} measured on this host, whose CPU runs the target's kernels ({host['kernel_isa']})"
+    for file, other in imported:
+        arm_there, there = arm_of(other), other["host"]["summary"]
+        if arm_there is not None and coverage.stands_for(there, summary) is None:
+            return "imported", {**arm_there, "provenance": _provenance(file, other)}, \
+                (f"measured on {there['cpu_model'] or there['arch']} ({there['kernel_isa']}) on "
+                 f"{other['date'][:10]}, imported from {file}")
+    if arm is None:
+        return "not measured here", None, record["paths"].get(path["name"], {}).get(
+            "detail", f"{path['name']} is not among the benchmarked paths (quantize.paths)")
+    return "not measured here", None, elsewhere
+
+
+def _provenance(file: str | None, record: dict[str, Any]) -> dict[str, Any]:
+    return {"record": file, "date": record["date"], "host_digest": record["host"]["digest"],
+            "versions": record["versions"]}
+
+
 def _benchmark(selection: dict[str, Any], record: dict[str, Any] | None, record_path: Path,
                imported: list[tuple[str, dict[str, Any]]], export: dict[str, Any] | None,
                base: Path) -> dict[str, Any]:
-    """A target's headline figures from the benchmark (``benchmark.for_target``), with the
+    """A target's headline figures from the benchmark (``measurement``), with the
     run's date, host digest and versions, the measuring host's where imported; or why
     there are none (with a phone program's decode on the build host, where it ran)."""
     if record is None:
         return {"state": "not run", "detail": "the benchmark stage has not run", "record": None}
     reference = {"record": _relative(record_path, base)}
-    state, arm, detail = for_target(selection, record, imported)
+    state, arm, detail = measurement(selection, record, imported)
     if arm is None:
         check = (export or {}).get("runtime_check")
         if check is not None:
@@ -272,19 +330,19 @@ def build(params: Params, model_record_path: str | os.PathLike, selections_dir: 
           verify_dir: str | os.PathLike = "build/verify",
           exports_dir: str | os.PathLike = "build/exports",
           benchmark_path: str | os.PathLike = "build/benchmark/benchmark.json",
-          benchmark_imports: list[str] = (), releases_path: str | os.PathLike = release.RELEASES) -> dict[str, Any]:
+          benchmark_imports: list[str] = (), releases_path: str | os.PathLike = versions.RELEASES) -> dict[str, Any]:
     """Gather the fleet into a manifest record and write it atomically to ``out``.
     ``benchmark_imports``: benchmark records measured on other hosts, for targets this
     host cannot measure; ``releases_path``: the versions released (``release``)."""
     model_record = records.read(model_record_path, "model")
-    releases = release.read_releases(releases_path)
+    releases = versions.read_releases(releases_path)
     benchmark_path = Path(benchmark_path)
-    benchmark = records.read(benchmark_path, BENCHMARK_KIND) if benchmark_path.is_file() else None
-    imported = [(str(f), records.read(f, BENCHMARK_KIND)) for f in benchmark_imports]
+    benchmark = records.read(benchmark_path, "benchmark") if benchmark_path.is_file() else None
+    imported = [(str(f), records.read(f, "benchmark")) for f in benchmark_imports]
     for where, r in [(str(benchmark_path), benchmark), *imported]:
         if r is not None and r["model"]["fingerprint"] != model_record["fingerprint"]:
             raise EdgepathError(f"{where}: measured another model (fingerprint differs); re-run the benchmark")
-    model_dir = model_directory(model_record_path, model_record)
+    model_dir = records.model_directory(model_record_path, model_record)
     base = Path(out).parent
     targets = []
     for tag in params.targets:
@@ -306,13 +364,13 @@ def build(params: Params, model_record_path: str | os.PathLike, selections_dir: 
             "profile": selection["profile"],
             "path": selection["path"],
             "build": build_state,
-            "verification": _verification(selection, Path(verify_dir), export, base),
+            "verification": _verification(selection, Path(verify_dir), export, imported, base),
             "benchmark": _benchmark(selection, benchmark, benchmark_path, imported, export, base),
             "artifacts": artifacts,
             **({"quantization": quantization} if quantization else {}),
             **({"export": export} if export else {}),
         })
-        targets[-1]["release"] = release.state(targets[-1], releases)
+        targets[-1]["release"] = versions.state(targets[-1], releases)
     manifest = {
         **records.envelope("manifest"),
         "edgepath_version": __version__,
@@ -392,3 +450,50 @@ def render(manifest: dict[str, Any]) -> str:
         lines.append(f"  - benchmark: {_benchmark_line(t['benchmark'])}")
         lines.append(f"  - release: {t['release']['state']}: {t['release']['detail']}")
     return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- the command
+
+def _cmd_build(args: argparse.Namespace) -> None:
+    import json
+
+    from . import atomic, fleet
+
+    imports = fleet.namespace(args.params, "manifest").get("benchmark_imports") or []
+    built = build(fleet.load(args.params), args.model, args.selections, args.out, args.weights,
+                  args.verify, args.exports, args.benchmark, list(imports), args.releases)
+    if args.metrics:
+        atomic.write_text(args.metrics, json.dumps(target_metrics(built), indent=2) + "\n")
+    print(f"manifest: {len(built['targets'])} targets -> {args.out}")
+
+
+def _cmd_show(args: argparse.Namespace) -> None:
+    sys.stdout.write(render(records.read(args.manifest, "manifest")))
+
+
+def _build_arguments(b: argparse.ArgumentParser) -> None:
+    b.add_argument("--params", default="params.yaml")
+    b.add_argument("--model", default="build/model/model.json")
+    b.add_argument("--selections", default="build/selections")
+    b.add_argument("--weights", default="build/weights", help="where quantize@<path> wrote its checkpoints")
+    b.add_argument("--verify", default="build/verify", help="where patch-verify@<path> wrote its records")
+    b.add_argument("--exports", default="build/exports", help="where export@<path> wrote its programs")
+    b.add_argument("--benchmark", default="build/benchmark/benchmark.json", help="the benchmark record")
+    b.add_argument("--releases", default="releases.json", help="the versions released (`edgepath release`)")
+    b.add_argument("--metrics", help="also write each target's headline figures here (dvc metrics)")
+    b.add_argument("--out", default="manifest.json")
+
+
+def _show_arguments(s: argparse.ArgumentParser) -> None:
+    s.add_argument("manifest", nargs="?", default="manifest.json")
+
+
+COMMAND = Command("manifest", "build or show the manifest", """\
+    Build manifest.json from the model record and every target's selection,
+    or show it as a table with each target's rationale.""", subcommands=(
+    Command("build", "gather every target into manifest.json", """\
+        Gather the model record and every target's selection into a manifest,
+        validated against its JSON Schema and written atomically.""", _build_arguments, _cmd_build),
+    Command("show", "print the manifest as a table", """\
+        Print the manifest as a readable table, then each target's rationale.""", _show_arguments, _cmd_show),
+))

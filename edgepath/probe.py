@@ -13,6 +13,7 @@ Standard library only: the probe must run on a bare device.
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import re
@@ -20,6 +21,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from .command import Command, emit
 from .profile import HardwareProfile
 
 # /proc/cpuinfo spells some Arm features differently from the names the
@@ -301,3 +303,47 @@ def capture_snapshot(dest: str | os.PathLike, root: str | os.PathLike = "/") -> 
         if text:
             (dest / ".edgepath" / name).write_text(text.strip() + "\n")
     return dest
+
+
+# ---------------------------------------------------------------- the command
+
+def _cmd(args: argparse.Namespace) -> None:
+    from . import fleet, records
+
+    if args.capture_snapshot:
+        dest = capture_snapshot(args.capture_snapshot, root=args.root)
+        print(f"probe: snapshot of {args.root} written to {dest}")
+        return
+    spec = args.profile
+    if args.target:
+        spec = fleet.load(args.params).target(args.target).profile
+    if spec == fleet.PROBE:
+        profile = probe(args.root, source=args.source)
+    else:
+        profile = HardwareProfile.from_dict(records.read(spec, "profile"))
+    emit(profile.to_json(), args.out, "profile", profile.to_dict())
+
+
+def _arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--root", default="/", help="filesystem root to probe (default: this host)")
+    p.add_argument("--source", help="how the profile was obtained (recorded in 'source')")
+    p.add_argument("--profile", default="probe", help="'probe' or a profile JSON to load")
+    p.add_argument("--target", help="take --profile from this target in the params file")
+    p.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
+    p.add_argument("--capture-snapshot", metavar="DIR", help="copy what the probe reads into DIR")
+    p.add_argument("--out", help="write the profile record here (default: print it)")
+
+
+COMMAND = Command("probe", "probe this host, or load a captured profile", """\
+    Probe a device into a hardware profile (JSON).
+
+    With no options, probe this host: /proc/cpuinfo (ISA flags such as AMX),
+    /proc/meminfo, the sysfs CPU topology (physical vs logical cores), NVIDIA
+    GPUs and NPUs, and PyTorch's own AMX check where torch is installed.
+    --root probes a captured snapshot instead; --capture-snapshot writes one
+    of this host, to probe it elsewhere. --profile loads and validates a
+    captured profile JSON (e.g. a phone's, from profiles/).
+
+    examples: edgepath probe
+              edgepath probe --capture-snapshot /tmp/myhost
+              edgepath probe --target phone-npu --out build/profiles/phone-npu.json""", _arguments, _cmd)

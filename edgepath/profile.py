@@ -14,12 +14,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import re
 from typing import Any
 
 from .errors import EdgepathError
-
-ACCELERATOR_PATTERN = re.compile(r"^(none|cuda_discrete|cuda_unified|npu:[a-z0-9_.-]+)$")
 
 # Flags the selector and the manifest summary care about; the profile keeps all.
 ISA_FLAGS_OF_INTEREST = (
@@ -27,53 +24,9 @@ ISA_FLAGS_OF_INTEREST = (
     "amx_int8", "neon", "dotprod", "i8mm", "bf16", "sve", "sve2", "sme",
 )
 
-# Field name -> accepted JSON shape. Checked on construction and in from_dict.
-_FIELD_KINDS = {
-    "arch": "str",
-    "cpu_vendor": "str",
-    "cpu_model": "str",
-    "cpu_flags": "str_list",
-    "n_physical": "int",
-    "n_logical": "int",
-    "numa_nodes": "int",
-    "ram_total_bytes": "int",
-    "ram_available_bytes": "int",
-    "kernel_release": "str",
-    "accelerator": "str",
-    "gpu_name": "opt_str",
-    "gpu_mem_bytes": "opt_int",
-    "gpu_compute_capability": "opt_str",
-    "npu_driver": "opt_str",
-    "supports_bf16": "bool",
-    "torch_amx_tile_supported": "opt_bool",
-    "source": "str",
-}
-
 # Read fresh on every probe; kept out of the digest so an unchanged device
 # keeps an unchanged identity (and DVC does not rebuild its artifacts).
 VOLATILE_FIELDS = ("ram_available_bytes",)
-
-
-def _kind_ok(kind: str, value: Any) -> bool:
-    if kind.startswith("opt_"):
-        if value is None:
-            return True
-        kind = kind[4:]
-    if kind == "str":
-        return isinstance(value, str)
-    if kind == "int":  # bool is an int in Python; a profile field never is
-        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-    if kind == "bool":
-        return isinstance(value, bool)
-    if kind == "str_list":
-        return isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
-    raise AssertionError(kind)
-
-
-_KIND_WORDS = {
-    "str": "a string", "int": "a non-negative integer", "bool": "true or false",
-    "str_list": "a list of strings",
-}
 
 
 @dataclasses.dataclass
@@ -104,21 +57,16 @@ class HardwareProfile:
     """How this profile was obtained: ``probe:<host>``, ``snapshot:<dir>``, ``hand-written: ...``."""
 
     def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            kind = _FIELD_KINDS[f.name]
-            if not _kind_ok(kind, value):
-                word = _KIND_WORDS[kind.removeprefix("opt_")]
-                null = " or null" if kind.startswith("opt_") else ""
-                raise EdgepathError(
-                    f"profile field {f.name!r} must be {word}{null}, got {value!r} "
-                    f"({type(value).__name__})"
-                )
-        if not ACCELERATOR_PATTERN.match(self.accelerator):
-            raise EdgepathError(
-                f"profile field 'accelerator' must be none, cuda_discrete, cuda_unified or "
-                f"npu:<vendor>, got {self.accelerator!r}"
-            )
+        """Check every field against profile.schema.json (the one description of a
+        profile), naming the field that fails."""
+        from .records import envelope, problem
+
+        fields = dataclasses.asdict(self)
+        if isinstance(fields["cpu_flags"], tuple):
+            fields["cpu_flags"] = list(fields["cpu_flags"])
+        found = problem("profile", {**envelope("profile"), **fields})
+        if found is not None:
+            raise EdgepathError(f"profile field {found}")
         self.cpu_flags = sorted({flag.lower() for flag in self.cpu_flags})
 
     def has_flag(self, flag: str) -> bool:

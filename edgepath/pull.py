@@ -2,15 +2,17 @@
 
 Lifecycle of ``edgepath pull <tag> [--version V] -o DIR``:
 
-1. Read ``dvc.lock``: the workspace's, or with ``--version`` the one committed
-   at the git tag ``<tag>@V`` (``edgepath release``). It names, by md5, every
-   stage output the remote holds, ``manifest.json`` among them.
+1. Read ``dvc.lock`` through DVC (``dvc.api.DVCFileSystem`` on the project):
+   the workspace's, or with ``--version`` the one committed at the git tag
+   ``<tag>@V`` (``edgepath release``). It names, by md5, every stage output the
+   remote holds, ``manifest.json`` among them.
 2. Read the manifest: the workspace's file where its md5 is the one
    ``dvc.lock`` names, otherwise its object downloaded from the remote (a fresh
    clone has no ``build/``).
 3. The device's build is the target's ``artifacts`` (and a phone's fallback
    build). Each file is found, by md5, in the stage output that holds it (a
-   directory output's listing is its ``.dir`` object on the remote).
+   directory output's listing is its ``.dir`` object, which DVC reads from the
+   local cache or the remote; it must hash to the name ``dvc.lock`` gives it).
 4. Exactly those objects are downloaded into a scratch directory beside
    ``DIR``; every file's size and sha256 must be the manifest's, and the
    outputs' listings may name no file in the build's directories that the
@@ -32,21 +34,24 @@ its stage output): ``w4a16-tinygemm/model.safetensors``, ``model/hf/config.json`
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
 import posixpath
-import subprocess
+import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import atomic, records
+from . import atomic, coverage, records
+from .command import Command
 from .errors import EdgepathError
 from .hf_model import sha256_file
-from .release import build_digest, build_files, git_tag, normalize_version
+from .release import add_project_options
+from .versions import build_digest, build_files, git_tag, normalize_version
 
 LOCK_FILE = "dvc.lock"
 MANIFEST = "manifest.json"
@@ -64,20 +69,6 @@ class Output:
     @property
     def is_dir(self) -> bool:
         return self.md5.endswith(".dir")
-
-
-def lock_outputs(lock_text: str, where: str = LOCK_FILE) -> list[Output]:
-    """Every stage output named in a ``dvc.lock``'s text."""
-    import yaml
-
-    try:
-        lock = yaml.safe_load(lock_text)
-        outs = [Output(o["path"], o["md5"]) for stage in lock["stages"].values() for o in stage.get("outs", [])]
-    except (yaml.YAMLError, KeyError, TypeError, AttributeError) as e:
-        raise EdgepathError(f"{where}: not a dvc.lock with stage outputs ({e})") from None
-    if not outs:
-        raise EdgepathError(f"{where}: names no stage output; run `dvc repro` and `dvc push` first")
-    return outs
 
 
 def safe_relative(path: str, what: str) -> str:
@@ -110,11 +101,17 @@ class Remote:
             repo = Repo(str(root))
             self.name = name or repo.config["core"].get("remote")
             self._odb = repo.cloud.get_remote_odb(self.name, command="edgepath pull")
-            self.url = repo.config["remote"][self.name]["url"]
+            self.config = dict(repo.config["remote"][self.name])  # as DVC resolved it: its url, keys, ...
+            self.all_config = {name: dict(conf) for name, conf in repo.config["remote"].items()}
+            self.url = self.config["url"]
         except DvcException as e:
             raise EdgepathError(f"{root}: {e}") from None
 
     def _fail(self, what: str, error: BaseException) -> EdgepathError:
+        """``error``, met while reading ``what`` from this remote, as the user's problem."""
+        if isinstance(error, FileNotFoundError):
+            return EdgepathError(f"{what}: missing from remote {self.name} ({self.url}); push it with "
+                                 f"`dvc push -r {self.name}`")
         text = f"{type(error).__name__}: {error}"
         if isinstance(error, PermissionError) or any(k in text for k in ("InvalidAccessKeyId", "SignatureDoesNotMatch",
                                                                          "AccessDenied", "Forbidden")):
@@ -128,9 +125,6 @@ class Remote:
         path = self._odb.oid_to_path(md5)
         try:
             self._odb.fs.get_file(path, os.fspath(dest))
-        except FileNotFoundError:
-            raise EdgepathError(f"{what}: missing from remote {self.name} ({self.url}); push it with "
-                                f"`dvc push -r {self.name}`") from None
         except Exception as e:  # the remote's client errors (botocore, aiohttp, OSError) reach here
             raise self._fail(what, e) from None
 
@@ -181,10 +175,11 @@ def target(manifest: dict[str, Any], tag: str) -> dict[str, Any]:
                         f"{', '.join(t['tag'] for t in manifest['targets'])}")
 
 
-def target_for(manifest: dict[str, Any], profile, priority: str = "speed") -> tuple[str, str]:
+def target_for_machine(manifest: dict[str, Any], profile, priority: str = "speed") -> tuple[str, str]:
     """The manifest's target for a machine (``profile``, a HardwareProfile): the
     weight path the selector picks for it, built for a target of that priority;
-    among several, the one of the same kernel ISA tier, then of the same
+    among several, one whose build a run on this machine would stand for
+    (``coverage.stands_for``: the same kernel ISA tier), then one of the same
     architecture. Returns (tag, why)."""
     from .select import select_weight_path
 
@@ -196,7 +191,7 @@ def target_for(manifest: dict[str, Any], profile, priority: str = "speed") -> tu
         raise EdgepathError(f"the selector picks {path} for this machine ({here['arch']}, {here['kernel_isa']}), but "
                             f"no target of the manifest with priority {priority} has that build; add this device "
                             f"to params.yaml (`edgepath probe --out profiles/<tag>.json`) and run the pipeline")
-    best = min(built, key=lambda t: (t["profile"]["summary"]["kernel_isa"] != here["kernel_isa"],
+    best = min(built, key=lambda t: (coverage.stands_for(t["profile"]["summary"], here) is not None,
                                      t["profile"]["summary"]["arch"] != here["arch"]))
     return best["tag"], (f"this machine ({here['arch']}, {here['kernel_isa']}) gets {path}; {best['tag']} "
                          f"({best['profile']['summary']['kernel_isa']}) is built with it")
@@ -211,47 +206,111 @@ def device_files(entry: dict[str, Any]) -> list[dict[str, Any]]:
     return files
 
 
-def _lock_text(root: Path, tag: str | None, version: str | None) -> tuple[str, str]:
-    """(text, where) of ``dvc.lock``: the workspace's, or with ``version`` the one
-    committed at device ``tag``'s git tag for it (read through git: a clone's
-    workspace may be at any commit)."""
+# The name the workspace's remote goes by in DVC's view of the project at a git tag,
+# whose committed config may define remotes of its own (one of the same name, with
+# settings since changed): a name no project config uses.
+_PULL_REMOTE = "edgepath-pull"
+
+
+class Lock:
+    """The stage outputs a ``dvc.lock`` names, as DVC reads it (``dvc.api.DVCFileSystem``
+    on the project at ``rev``: a git revision, or None for the workspace), and the
+    files of its directory outputs. ``remote`` (``open_remote()``, where given): the
+    remote DVC reads ``.dir`` objects from where the local cache has none (the
+    workspace's, also at an old tag)."""
+
+    def __init__(self, root: Path, rev: str | None, where: str, open_remote: Callable[[], Remote] | None = None):
+        from dvc.api import DVCFileSystem
+        from dvc.exceptions import DvcException
+
+        self.where = where
+        self.remote = open_remote() if open_remote else None
+        # every workspace remote too: DVC merges the workspace's .dvc/config.local into the
+        # config committed at ``rev``, which may lack a remote that config.local sets keys for
+        config = self.remote and {"core": {"remote": _PULL_REMOTE},
+                                  "remote": {**self.remote.all_config, _PULL_REMOTE: self.remote.config}}
+        self.fs = DVCFileSystem(str(root), rev=rev, config=config)
+        try:
+            outs = [o for o in self.fs.repo.index.outs if o.hash_info and o.hash_info.value]
+        except DvcException as e:
+            raise EdgepathError(f"{where}: not a dvc.lock with stage outputs ({e})") from None
+        if not outs:
+            raise EdgepathError(f"{where}: names no stage output; run `dvc repro` and `dvc push` first")
+        # longest path first: the output that holds a file is the first that is its prefix
+        self.outputs = sorted((Output("/".join(o.index_key[1]), o.hash_info.value) for o in outs),
+                              key=lambda o: -len(o.path))
+
+    def listing(self, out: Output) -> dict[str, str]:
+        """Directory output ``out``'s files, path relative to it -> md5, from its
+        ``.dir`` object (DVC reads it from the local cache, else the remote); the
+        listing must hash to the name ``dvc.lock`` gives it."""
+        from dvc_data.hashfile.hash_info import HashInfo
+        from dvc_data.hashfile.tree import Tree
+        from dvc_data.index import DataIndexDirError
+
+        what, remote = f"{out.path} (listing {out.md5})", self.remote
+        try:
+            found = self.fs.find(out.path, detail=True, dvc_only=True)
+        except DataIndexDirError as e:  # DVC's wrapper around what the storage raised
+            raise remote._fail(what, e.__cause__ or e) from None
+        except FileNotFoundError as e:
+            raise remote._fail(what, e) from None
+        files = {posixpath.relpath(path, out.path): info["dvc_info"]["md5"] for path, info in found.items()}
+        tree = Tree()  # DVC names a .dir object by this digest of its entries
+        for rel, md5 in files.items():
+            tree.add(tuple(rel.split("/")), None, HashInfo("md5", md5))
+        tree.digest()
+        if tree.hash_info.value != out.md5:
+            raise EdgepathError(f"{what}: the listing DVC read (local cache or remote {remote.name}) hashes to "
+                                f"{tree.hash_info.value}, not to its name (altered)")
+        return files
+
+
+def read_lock(root: Path, tag: str | None = None, version: str | None = None,
+              open_remote: Callable[[], Remote] | None = None) -> Lock:
+    """``dvc.lock``: the workspace's, or with ``version`` the one committed at device
+    ``tag``'s git tag for it (read from git: a clone's workspace may be at any commit).
+    ``open_remote``: as ``Lock``'s, called once the lock is known to exist."""
     if version is None:
         lock = root / LOCK_FILE
         if not lock.is_file():
             raise EdgepathError(f"{lock}: no such file; run in a clone of the project after `dvc repro`")
-        return lock.read_text(encoding="utf-8"), str(lock)
+        return Lock(root, None, str(lock), open_remote)
     if tag is None:
         raise EdgepathError("--version needs a device tag (a version is one device's)")
+    from dvc.api import all_tags
+    from dvc.exceptions import DvcException
+
     name = git_tag(tag, normalize_version(version))
-    done = subprocess.run(["git", "show", f"refs/tags/{name}:{LOCK_FILE}"], cwd=root, capture_output=True, text=True)
-    if done.returncode != 0:
-        known = subprocess.run(["git", "tag", "--list", git_tag(tag, "v*")], cwd=root, capture_output=True,
-                               text=True).stdout.split()
-        raise EdgepathError(f"no git tag {name} with a {LOCK_FILE} in {root}; its versions here: "
+    try:
+        known = sorted(t for t in all_tags(str(root)) if t.startswith(git_tag(tag, "v")))
+    except DvcException as e:
+        raise EdgepathError(f"{root}: {e}") from None
+    if name not in known:
+        raise EdgepathError(f"no git tag {name} in {root}; its versions here: "
                             f"{', '.join(known) or 'none'} (`git fetch --tags` for the remote's)")
-    return done.stdout, f"{LOCK_FILE} at {name}"
+    return Lock(root, f"refs/tags/{name}", f"{LOCK_FILE} at {name}", open_remote)
 
 
 def pull(root: str | os.PathLike, tag: str | None, dest: str | os.PathLike, remote_name: str | None = None,
          progress=print, profile=None, priority: str = "speed", version: str | None = None) -> dict[str, Any]:
     """Pull device ``tag``'s build into ``dest`` (see the module's lifecycle);
     return the receipt. With ``profile`` (and no tag): the build the selector
-    picks for that machine (``target_for``). With ``version``: that release of
+    picks for that machine (``target_for_machine``). With ``version``: that release of
     ``tag``, from the manifest its git tag's ``dvc.lock`` names."""
     root, dest = Path(root), Path(dest)
     if dest.is_symlink():
         raise EdgepathError(f"{dest}: is a symbolic link; pull into a plain directory")
     if dest.exists() and not (dest / RECEIPT).is_file():
         raise EdgepathError(f"{dest}: exists and is not an earlier pull (no {RECEIPT}); choose another -o")
-    lock_text, where = _lock_text(root, tag, version)
-    outputs = sorted(lock_outputs(lock_text, where), key=lambda o: -len(o.path))
+    lock = read_lock(root, tag, version, lambda: Remote(root, remote_name))
+    outputs, where, remote = lock.outputs, lock.where, lock.remote
     manifest_out = manifest_output(where, outputs)
-    remote = Remote(root, remote_name)
     with atomic.directory(dest) as scratch:
         manifest = load_manifest(root, manifest_out, lambda: remote, scratch)
         chosen = None
         if tag is None:
-            tag, why = target_for(manifest, profile, priority)
+            tag, why = target_for_machine(manifest, profile, priority)
             chosen = {"profile": profile.summary(), "priority": priority, "why": why}
             progress(f"pull: {why}")
         entry = target(manifest, tag)
@@ -266,8 +325,7 @@ def pull(root: str | os.PathLike, tag: str | None, dest: str | os.PathLike, remo
             path = safe_relative(f["path"], f"{MANIFEST}, target {tag}")
             out = _owner(outputs, path)
             if out.is_dir and out.path not in listings:
-                listing = remote.read_json(out.md5, f"{out.path} (listing {out.md5})", scratch)
-                listings[out.path] = {e["relpath"]: e["md5"] for e in listing}
+                listings[out.path] = lock.listing(out)
             md5 = listings[out.path].get(posixpath.relpath(path, out.path)) if out.is_dir else out.md5
             if md5 is None:
                 raise EdgepathError(f"{path}: missing: the manifest names it but {out.path} on the remote has no such file")
@@ -327,8 +385,8 @@ def listing(root: str | os.PathLike, remote_name: str | None = None) -> list[dic
     """Each device tag of the manifest: its path, build state, verification
     and size (the sum of its files)."""
     root = Path(root)
-    lock_text, where = _lock_text(root, None, None)
-    out = manifest_output(where, lock_outputs(lock_text, where))
+    lock = read_lock(root)
+    out = manifest_output(lock.where, lock.outputs)
     with tempfile.TemporaryDirectory(prefix=".edgepath-ls.", dir=root) as scratch:
         manifest = load_manifest(root, out, lambda: Remote(root, remote_name), Path(scratch))
     rows = []
@@ -339,3 +397,67 @@ def listing(root: str | os.PathLike, remote_name: str | None = None) -> list[dic
                      "bytes": sum(f["size"] for f in files)})
     return rows
 
+
+
+# ---------------------------------------------------------------- the commands
+
+def _cmd_pull(args: argparse.Namespace) -> None:
+    if (args.tag is None) == (not args.probe):
+        raise EdgepathError("name a device tag, or pass --probe (not both)")
+    profile = None
+    if args.probe:
+        from .probe import probe
+
+        profile = probe()
+    out = args.out or args.tag or "build-for-this-machine"
+    receipt = pull(args.project, args.tag, out, args.remote, progress=lambda line: print(line, file=sys.stderr),
+                   profile=profile, priority=args.priority, version=args.version)
+    size = sum(f["size"] for f in receipt["files"])
+    print(f"pull {receipt['tag']} {receipt['release']['version'] or '(unreleased)'}: {receipt['path']['name']}, "
+          f"{len(receipt['files'])} files, {size / 2**20:.1f} MiB, every sha256 as the manifest's -> {out} "
+          f"(from {receipt['remote']['url']})")
+
+
+def _cmd_ls(args: argparse.Namespace) -> None:
+    from . import manifest
+
+    rows = listing(args.project, args.remote)
+    if args.json:
+        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+        return
+    print("\n".join(manifest.table([("TAG", "PATH", "BUILD", "VERIFIED", "VERSION", "FILES", "SIZE")] + [
+        (r["tag"], r["path"], r["build"], "yes" if r["verified"] else "no", manifest.version_cell(r["release"]),
+         str(r["files"]), f"{r['bytes'] / 2**20:.1f} MiB") for r in rows])))
+
+
+def _pull_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("tag", nargs="?", help="the device tag (`edgepath ls`)")
+    p.add_argument("--probe", action="store_true", help="this machine's build, as the selector picks it")
+    p.add_argument("--priority", default="speed", choices=("speed", "fidelity"), help="with --probe (default: speed)")
+    p.add_argument("--version", help="a released version (git tag <tag>@V; default: the workspace's build)")
+    p.add_argument("-o", "--out", help="the directory to write (default: the tag)")
+    add_project_options(p)
+
+
+def _ls_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print the rows as JSON")
+    add_project_options(p)
+
+
+PULL = Command("pull", "fetch one device's build from the DVC remote, verified", """\
+    Fetch exactly one device's build (the manifest's files for that tag) from the
+    project's DVC remote, check every file's size and sha256 against the manifest,
+    and write DIR in one rename: a missing, extra or altered file fails the pull,
+    naming it, and leaves DIR as it was. Runs in a clone of the project (it reads
+    dvc.lock; the manifest comes from the remote where the clone has none).
+    DIR gets edgepath-pull.json: what was pulled, from where, and its verification.
+
+    With --probe instead of a tag: probe this machine, and pull the build of the
+    weight path the selector picks for it (a target of the manifest built with it).
+
+    examples: edgepath pull x86-avx2 -o /opt/models/smollm2
+              edgepath pull --probe -o /opt/models/smollm2""", _pull_arguments, _cmd_pull)
+LS = Command("ls", "the manifest's device tags, paths, versions and sizes", """\
+    List every device tag of the manifest with its weight path, build state,
+    verification, version, and the number and size of its files.""", _ls_arguments, _cmd_ls)
+COMMANDS = (PULL, LS)

@@ -4,12 +4,12 @@ Lifecycle of ``run(model_dir, path, out, settings)``:
 
 1. Refuse up front what cannot work: an unknown or not-quantized path, a
    corrupt or truncated checkpoint or missing tokenizer (``hf_model.inspect``),
-   shapes no group size fits (the path's ``KernelShapeRule``, layer named), a
+   shapes no group size fits (the path's ``group_rule``, layer named), a
    calibration corpus too short or a chat template missing.
 2. Calibrate: draw the token windows (``quant.calibration``).
 3. Quantize layer by layer (``quant.sequential``: GPTQ with the per-group
    output-error scale search), the output head too when ``head: int4``.
-4. Pack into the path's format (``quant.gptq_format``), copy config,
+4. Pack into the path's format (``quant.gptq_format``, ``quant.cpu_int4_format``), copy config,
    tokenizer and chat template, measure held-out perplexity against the
    unquantized model, and write ``quantization_report.json`` beside the
    weights.
@@ -21,14 +21,17 @@ Lifecycle of ``run(model_dir, path, out, settings)``:
    why it did not run and the checkpoint is published unchecked, which the
    manifest shows.
 
-Both CPU formats share steps 1-3 and the report; they differ in the grid
-(``w4a8-amx``: symmetric GPTQ with the scale search, for vLLM's GPTQ kernels;
-``w4a16-tinygemm``: GPTQ on an asymmetric min/max grid, for tinygemm through
-edgepath's vLLM plugin) and in step 4's packing (``PathFormat``).
+Every path the registry says this stage builds (``weight_paths``, ``built_by``
+quantize) shares steps 1-3 and the report; they differ in what their record
+names: the grid (``w4a8-amx``: symmetric GPTQ with the scale search, for
+vLLM's GPTQ kernels; ``w4a16-tinygemm``: GPTQ on an asymmetric min/max grid,
+for tinygemm through edgepath's vLLM plugin), the group-size rule, and step 4's
+packing (the checkpoint format's class, ``quant.layer_format``).
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import importlib.metadata
 import json
@@ -37,58 +40,26 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import __version__, atomic, engine_check, hf_model, records, shapes
+from . import __version__, atomic, engine_check, hf_model, records, shapes, weight_paths
+from .command import Command
 from .errors import EdgepathError
-from .fleet import check_keys
-from .select import CPU_ENGINES
+from .fleet import Calibration, check_namespace
+from .weight_paths import Grid, Stage, WeightPathSpec
 
-REPORT_NAME = "quantization_report.json"
+REPORT_NAME = records.FILE_NAMES["quantization"]
 WEIGHTS_NAME = "model.safetensors"
 HEADS = ("int4", "bf16")
 SEARCH_NAMES = ("output-error", "weight-mse", "none")
 """``quant.gptq.SEARCHES``'s keys, here so that settings are checked without torch."""
-
-
-@dataclasses.dataclass(frozen=True)
-class PathFormat:
-    """What a weight path's checkpoint is, and the kernel rule its shapes obey. How
-    the engine runs it (quantization method, activations) is ``select.CPU_ENGINES``."""
-
-    path: str
-    layout: str
-    rule: shapes.KernelShapeRule
-    symmetric: bool
-    """Symmetric grid with the scale search (``quantize.gptq.search``), or asymmetric min/max."""
-
-    @property
-    def quant_method(self) -> str:
-        return CPU_ENGINES[self.path].quantization
-
-    @property
-    def w4a8(self) -> bool:
-        return CPU_ENGINES[self.path].w4a8
-
-    def pack(self, prefix: str, q) -> dict[str, Any]:
-        """State-dict entries of the quantized layer ``q`` (a ``QuantizedLayer``) in this format."""
-        from .quant import layer_format
-
-        fields = (q.codes, q.scales) if self.symmetric else (q.codes, q.scales, q.offsets)
-        return layer_format(self.quant_method).pack(*fields).tensors(prefix)
-
-
-FORMATS = {
-    "w4a8-amx": PathFormat("w4a8-amx", "GPTQ v1, symmetric int4, zero 8 stored as 7", shapes.GPTQ_CPU,
-                           symmetric=True),
-    "w4a16-tinygemm": PathFormat("w4a16-tinygemm",
-                                 "cpu_int4 v1, asymmetric int4: uint8 nibbles [N, K/2], bf16 scales and offsets "
-                                 "[N, K/g] (edgepath/quant/cpu_int4_format.py)", shapes.TINYGEMM_CPU,
-                                 symmetric=False),
-}
+OVERRIDES = {"samples": ("calibration", "samples"), "length": ("calibration", "length"),
+             "search": ("quantize", "gptq", "search"), "head": ("quantize", "head")}
+"""The settings ``edgepath quantize`` takes as flags too: flag -> its key in params.yaml."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """``params.yaml``'s ``quantize`` namespace (``from_params`` documents the keys)."""
+    """``params.yaml``'s ``quantize`` and ``calibration`` namespaces (``from_params``
+    documents the keys)."""
 
     head: str = "int4"
     corpus: str = "austen"
@@ -104,56 +75,42 @@ class Settings:
     eval_length: int = 512
 
     @classmethod
-    def from_params(cls, params: dict[str, Any]) -> "Settings":
-        """``{head, calibration: {corpus, holdout, samples, length, chat_fraction, seed},
-        gptq: {search, damp, group_order}, eval: {windows, length}}``; absent keys keep
-        their defaults, unknown keys are refused."""
-        known = {"paths", "head", "calibration", "gptq", "eval"}
-        check_keys("quantize", params, known)
-        flat: dict[str, Any] = {}
-        if "head" in params:
-            flat["head"] = params["head"]
-        for section, keys, prefix in (
-            ("calibration", ("corpus", "holdout", "samples", "length", "chat_fraction", "seed"), ""),
-            ("gptq", ("search", "damp", "group_order"), ""),
-            ("eval", ("windows", "length"), "eval_"),
-        ):
-            sub = params.get(section) or {}
-            check_keys(f"quantize.{section}", sub, set(keys))
-            flat.update({prefix + k: sub[k] for k in keys if k in sub})
-        if "holdout" in flat:
-            holdout = flat["holdout"]
-            if not isinstance(holdout, list) or not all(isinstance(h, str) for h in holdout):
-                raise EdgepathError(f"quantize.calibration.holdout must be a list of document names, got {holdout!r}")
-            flat["holdout"] = tuple(holdout)
-        return cls.checked(cls(**flat))
-
-    @classmethod
-    def checked(cls, settings: "Settings") -> "Settings":
-        """``settings`` itself, after checking every field's type and range."""
-        defaults = cls()
-        for field in dataclasses.fields(cls):
-            value, want = getattr(settings, field.name), type(getattr(defaults, field.name))
-            ok = isinstance(value, want) and not (want is int and isinstance(value, bool))
-            if want is float:
-                ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-            if not ok:
-                raise EdgepathError(f"quantize: {field.name} must be {want.__name__}, got {value!r}")
-        if settings.head not in HEADS:
-            raise EdgepathError(f"quantize.head must be one of {list(HEADS)}, got {settings.head!r}")
-        if settings.search not in SEARCH_NAMES:
-            raise EdgepathError(f"quantize.gptq.search must be one of {list(SEARCH_NAMES)}, got {settings.search!r}")
-        if not 0 < settings.damp < 1:
-            raise EdgepathError(f"quantize.gptq.damp must be in (0, 1), got {settings.damp}")
-        return settings
+    def from_params(cls, quantize: dict[str, Any] | None = None, calibration: dict[str, Any] | None = None,
+                    where: str = "params", **overrides: Any) -> "Settings":
+        """``quantize``: params.yaml's ``quantize`` namespace (``{paths, head, gptq: {search,
+        damp, group_order}, eval: {windows, length}}``); ``calibration``: its
+        ``calibration`` namespace (``fleet.Calibration``). Absent keys keep their defaults.
+        ``overrides`` (the command line's flags; None: not given) replace their keys:
+        ``samples`` and ``length`` (calibration), ``search`` (gptq), ``head``. Both are then
+        checked against params.yaml's schema, errors naming ``where`` and the key."""
+        unknown = sorted(set(overrides) - set(OVERRIDES))
+        if unknown:
+            raise TypeError(f"no quantize override {unknown}; overrides: {list(OVERRIDES)}")
+        quantize, calibration = dict(quantize or {}), dict(calibration or {})
+        for name, value in overrides.items():
+            if value is None:
+                continue
+            namespace, *section, key = OVERRIDES[name]
+            target = calibration if namespace == "calibration" else quantize
+            for part in section:
+                target[part] = dict(target.get(part) or {})
+                target = target[part]
+            target[key] = value
+        quantize = check_namespace("quantize", quantize, where)
+        shared = Calibration.from_params(calibration, where)
+        flat: dict[str, Any] = {**dataclasses.asdict(shared), **(quantize.get("gptq") or {}),
+                                **{f"eval_{k}": v for k, v in (quantize.get("eval") or {}).items()}}
+        if "head" in quantize:
+            flat["head"] = quantize["head"]
+        return cls(**flat)
 
 
-def path_format(path: str) -> PathFormat:
-    fmt = FORMATS.get(path)
-    if fmt is None:
-        raise EdgepathError(f"weight path {path!r} has no 4-bit checkpoint to build; edgepath quantize "
-                            f"builds {sorted(FORMATS)}")
-    return fmt
+def _pack(spec: WeightPathSpec, prefix: str, q) -> dict[str, Any]:
+    """State-dict entries of the quantized layer ``q`` (a ``QuantizedLayer``) in the path's format."""
+    from .quant import layer_format
+
+    fields = (q.codes, q.scales) if spec.grid is Grid.SYMMETRIC else (q.codes, q.scales, q.offsets)
+    return layer_format(spec.checkpoint_format).pack(*fields).tensors(prefix)
 
 
 def quantized_layers(info: dict[str, Any], head: str) -> dict[str, tuple[int, int]]:
@@ -187,10 +144,11 @@ def _tensor_report(name: str, weight, q) -> dict[str, Any]:
     }
 
 
-def _quantization_config(fmt: PathFormat, group: int, settings: Settings) -> dict[str, Any]:
-    common = {"quant_method": fmt.quant_method, "bits": 4, "group_size": group, "sym": fmt.symmetric,
+def _quantization_config(spec: WeightPathSpec, group: int, settings: Settings) -> dict[str, Any]:
+    common = {"quant_method": spec.checkpoint_format, "bits": 4, "group_size": group,
+              "sym": spec.grid is Grid.SYMMETRIC,
               "true_sequential": True, "lm_head": settings.head == "int4", "damp_percent": settings.damp}
-    if fmt.quant_method == "gptq":
+    if spec.checkpoint_format == "gptq":
         return {**common, "desc_act": False, "static_groups": False, "checkpoint_format": "gptq"}
     from .quant.cpu_int4_format import FORMAT_VERSION
 
@@ -206,10 +164,10 @@ def _copy_side_files(src: Path, dest: Path, tokenizer_files: list[str]) -> None:
 def run(model_dir: str | Path, path: str, out: str | Path, settings: Settings = Settings()) -> dict[str, Any]:
     """Build ``out`` (module docstring); returns the report written beside the weights."""
     model_dir, out = Path(model_dir), Path(out)
-    fmt = path_format(path)
+    spec = weight_paths.require(path, Stage.QUANTIZE)
     info = hf_model.inspect(model_dir, with_file_digests=False)
     layers = quantized_layers(info, settings.head)
-    group, group_reason = fmt.rule.choose_group_size(layers)
+    group, group_reason = spec.group_size(layers)
 
     import torch
     from safetensors import safe_open
@@ -236,7 +194,7 @@ def run(model_dir: str | Path, path: str, out: str | Path, settings: Settings = 
     if "lm_head" in layers and "lm_head.weight" not in original:
         original["lm_head.weight"] = model.get_output_embeddings().weight.detach().clone()
     ppl_reference = perplexity(model, eval_windows) if eval_windows is not None else None
-    grid = SEARCHES[settings.search] if fmt.symmetric else MINMAX
+    grid = SEARCHES[settings.search] if spec.grid is Grid.SYMMETRIC else MINMAX
     gptq_started = time.monotonic()
     quantized = quantize_model(model, calib.tokens, group, grid, settings.damp,
                                settings.group_order, quantize_head=settings.head == "int4")
@@ -251,21 +209,21 @@ def run(model_dir: str | Path, path: str, out: str | Path, settings: Settings = 
                     tensors_to_save[name] = sf.get_tensor(name)
     stored_bits = 0
     for prefix, q in quantized.items():
-        for name, t in fmt.pack(prefix, q).items():
+        for name, t in _pack(spec, prefix, q).items():
             tensors_to_save[name] = t
             stored_bits += t.numel() * t.element_size() * 8
     quantized_weights = sum(q.codes.numel() for q in quantized.values())
 
     config = json.loads((model_dir / "config.json").read_text())
-    config["quantization_config"] = _quantization_config(fmt, group, settings)
+    config["quantization_config"] = _quantization_config(spec, group, settings)
     if settings.head == "int4":
         config["tie_word_embeddings"] = False  # the bf16 table stays for lookups
 
     report = {
         **records.envelope("quantization"),
         "path": path,
-        "format": {"quant_method": fmt.quant_method, "layout": fmt.layout,
-                   "kernel": fmt.rule.kernel, "group_size": group, "group_size_reason": group_reason},
+        "format": {"quant_method": spec.checkpoint_format, "layout": spec.checkpoint_layout,
+                   "kernel": spec.group_rule.kernel, "group_size": group, "group_size_reason": group_reason},
         "model": {"directory": str(model_dir.resolve()), "fingerprint": info["fingerprint"]},
         "head": {"stored": settings.head, "tied_embedding_kept": "bf16"},
         "algorithm": {"name": "gptq", "search": grid.name, "ratios": list(grid.ratios),
@@ -286,7 +244,7 @@ def run(model_dir: str | Path, path: str, out: str | Path, settings: Settings = 
         (scratch / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         _copy_side_files(model_dir, scratch, info["tokenizer_files"])
         (scratch / REPORT_NAME).write_text(records.dumps(report))
-        checked = engine_check.check(scratch, model_dir, check_sequences, w4a8=fmt.w4a8)
+        checked = engine_check.check(scratch, model_dir, check_sequences, w4a8=spec.w4a8)
         records.write(scratch / engine_check.CHECK_NAME, "engine_check", {**records.envelope("engine_check"), **checked})
         if not checked["passed"] and checked["not_run"] is None:
             raise EdgepathError(_failed(checked))
@@ -301,3 +259,59 @@ def _failed(checked: dict[str, Any]) -> str:
                 f"(layers: {checked['layer_modes']}); the checkpoint was not written")
     return (f"vLLM's output disagrees with the checkpoint's own dequantized weights: top-1 agreement "
             f"{agreement:.3f} < {threshold} (a layout convention mismatch); the checkpoint was not written")
+
+
+# ---------------------------------------------------------------- the command
+
+def _cmd(args: argparse.Namespace) -> None:
+    from . import fleet
+
+    model_dir = Path(args.model)
+    if model_dir.is_file():  # a model record: quantize the directory it names
+        model_dir = records.model_directory(model_dir, records.read(model_dir, "model"))
+    given = Path(args.params).is_file()
+    settings = Settings.from_params(fleet.namespace(args.params, "quantize") if given else {},
+                                    fleet.namespace(args.params, "calibration") if given else {},
+                                    where=f"{args.params} with the command line's flags", samples=args.samples,
+                                    length=args.length, search=args.search, head=args.head)
+    report = run(model_dir, args.path, args.out, settings)
+    fid = report["fidelity"]
+    ppl = (f", held-out perplexity {fid['perplexity_reference']:.2f} -> {fid['perplexity_quantized']:.2f}"
+           if fid["perplexity_quantized"] else "")
+    check = records.read(Path(args.out) / engine_check.CHECK_NAME, "engine_check")
+    checked = f"engine check not run: {check['not_run']}" if check["not_run"] else "engine check passed"
+    print(f"quantize: {args.path} ({report['format']['quant_method']}, group {report['format']['group_size']}, "
+          f"{report['bits_per_weight']:.3f} bits/weight, head {report['head']['stored']}){ppl}, "
+          f"{report['wall_time_s']:.0f} s, {checked} -> {args.out}")
+
+
+def _arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="Hugging Face directory, or a model record (model.json)")
+    p.add_argument("--path", required=True, help="weight path: w4a8-amx or w4a16-tinygemm")
+    p.add_argument("--out", required=True, help="output directory (replaced atomically)")
+    p.add_argument("--params", default="params.yaml",
+                   help="settings from its 'quantize' and 'calibration' namespaces, if present")
+    p.add_argument("--samples", type=int, help="calibration samples (overrides params)")
+    p.add_argument("--length", type=int, help="calibration sample length in tokens (overrides params)")
+    p.add_argument("--search", help="scale search: output-error, weight-mse or none (overrides params)")
+    p.add_argument("--head", help="output head: int4 or bf16 (overrides params)")
+
+
+COMMAND = Command("quantize", "write a weight path's 4-bit checkpoint", """\
+    Quantize the model into the checkpoint a weight path's kernel reads.
+
+    w4a8-amx: a GPTQ checkpoint (symmetric int4, v1 layout, no act-order) that
+    stock vLLM loads with quantization="gptq" and runs through its int4 x int8
+    CPU kernel; GPTQ error feedback with a per-group scale search on the
+    layer's output error.
+    w4a16-tinygemm: GPTQ on an asymmetric min/max grid, packed as cpu_int4
+    (uint8 nibbles, bf16 scales and offsets) that edgepath's vLLM plugin runs
+    through PyTorch's tinygemm kernel with bf16 activations.
+    Both are calibrated on real text (params.yaml: calibration, quantize) and
+    checked in real vLLM against their own weights and bf16 before OUT is
+    published. OUT holds the weights, config, tokenizer, quantization_report.json
+    and engine_check.json.
+
+    examples: edgepath quantize --model build/model/hf --path w4a8-amx --out build/weights/w4a8-amx
+              edgepath quantize --model build/model/model.json --path w4a16-tinygemm \\
+                  --out build/weights/w4a16-tinygemm""", _arguments, _cmd)

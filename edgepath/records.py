@@ -12,6 +12,8 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -19,9 +21,17 @@ from typing import Any
 from . import atomic
 from .errors import EdgepathError
 
-SCHEMA_VERSIONS = {"profile": 1, "model": 1, "selection": 3, "manifest": 5, "quantization": 1,
+SCHEMA_VERSIONS = {"profile": 1, "model": 1, "selection": 4, "manifest": 6, "quantization": 1,
                    "engine_check": 2, "patch_verify": 1, "control": 1, "benchmark": 1,
                    "export": 1, "pull": 2, "releases": 1, "device": 1}
+# Where a stage puts its record in its output directory: read by the stage after it
+# (the manifest, the bundle) without importing the stage that wrote it.
+FILE_NAMES = {"model": "model.json", "quantization": "quantization_report.json",
+              "engine_check": "engine_check.json", "export": "export.json", "control": "control.json",
+              "benchmark": "benchmark.json"}
+# Documents checked against a schema of their own that are not records (no kind, no
+# schema_version): params.yaml.
+DOCUMENT_SCHEMAS = ("params",)
 # Kinds a reader accepts from a newer writer, ignoring the keys it does not know:
 # profiles are captured on devices that may run a newer edgepath.
 FORWARD_COMPATIBLE = frozenset({"profile"})
@@ -29,8 +39,9 @@ FORWARD_COMPATIBLE = frozenset({"profile"})
 
 @functools.cache
 def schema(name: str) -> dict[str, Any]:
-    """The JSON Schema of record ``name`` (one of ``SCHEMA_VERSIONS``)."""
-    if name not in SCHEMA_VERSIONS:
+    """The JSON Schema of record ``name`` (one of ``SCHEMA_VERSIONS``), or of a
+    document that is not a record (one of ``DOCUMENT_SCHEMAS``)."""
+    if name not in SCHEMA_VERSIONS and name not in DOCUMENT_SCHEMAS:
         raise KeyError(f"no record kind {name!r}; known: {sorted(SCHEMA_VERSIONS)}")
     text = resources.files("edgepath.schemas").joinpath(f"{name}.schema.json").read_text()
     return json.loads(text)
@@ -92,3 +103,57 @@ def read(path: str | os.PathLike, name: str) -> dict[str, Any]:
         raise EdgepathError(f"{path}: not valid JSON ({e})") from None
     validate(name, record, where=str(path))
     return record
+
+
+def model_directory(record_path: str | os.PathLike, record: dict[str, Any]) -> Path:
+    """The Hugging Face directory a model record (read from ``record_path``) describes."""
+    return (Path(record_path).parent / record["directory"]).resolve()
+
+
+@functools.cache
+def _strict_validator(name: str):
+    """A validator of schema ``name`` whose integers are ints: not floats without a
+    fraction (YAML's ``3.0``, which JSON Schema counts as an integer), never bools."""
+    import jsonschema
+
+    base = jsonschema.Draft202012Validator
+    types = base.TYPE_CHECKER.redefine("integer", lambda _, v: isinstance(v, int) and not isinstance(v, bool))
+    return jsonschema.validators.extend(base, type_checker=types)(schema(name), registry=_registry())
+
+
+def problem(name: str, data: Any, skip: Callable[[Any], bool] | None = None) -> str | None:
+    """Why ``data`` fails schema ``name``, as one line that starts with the key path
+    (``quantize.gptq.damp: 'x' is not of type 'number'``), or None where it passes.
+    ``skip(error)``: errors to leave out (a ``jsonschema.ValidationError``)."""
+    from jsonschema.exceptions import best_match
+
+    errors = (e for e in _strict_validator(name).iter_errors(data) if skip is None or not skip(e))
+    error = best_match(errors)
+    return None if error is None else _describe(error)
+
+
+def _describe(error) -> str:
+    path = [str(p) for p in error.absolute_path]
+    subschema = error.schema if isinstance(error.schema, dict) else {}
+    if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+        known = list(subschema.get("properties", {}))
+        patterns = list(subschema.get("patternProperties", {}))
+        extra = sorted(str(k) for k in error.instance
+                       if k not in known and not any(re.search(p, str(k)) for p in patterns))
+        known_text = f" (known: {', '.join(known)})" if known else ""
+        if len(extra) == 1:
+            return f"{_key_path([*path, extra[0]])}: unknown key{known_text}"
+        return f"{_key_path(path)}: unknown keys {', '.join(extra)}{known_text}"
+    if error.validator == "required" and isinstance(error.instance, dict):
+        missing = [k for k in error.validator_value if k not in error.instance]
+        if len(missing) == 1:
+            return f"{_key_path([*path, missing[0]])}: missing (required)"
+        return f"{_key_path(path)}: missing required keys {', '.join(missing)}"
+    if "propertyNames" in error.relative_schema_path:
+        path.append(str(error.instance))  # a key that is not a valid name: the key is the place
+    hint = subschema.get("hint")
+    return f"{_key_path(path)}: {error.message}" + (f" ({hint})" if hint else "")
+
+
+def _key_path(parts: list[str]) -> str:
+    return ".".join(parts) or "(top level)"

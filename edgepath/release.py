@@ -1,10 +1,8 @@
 """Versions of each device's build: git tags ``<tag>@vX.Y.Z`` (GTO), one DVC artifact per device.
 
-A device's build has a content digest (``build_digest``: its files' names, sizes
-and sha256). ``releases.json`` (git-tracked, a ``releases`` record) holds the
-version last released for each device tag and that version's digest; the manifest
-stage reads it, so each target's ``release`` says which version its build is, or
-that it is unreleased.
+A device's build has a content digest, and ``releases.json`` holds the version
+last released for each device tag with that version's digest (``versions``: the
+record and the rules the manifest and pull read too); this module writes them.
 
 Lifecycle of ``edgepath release``:
 
@@ -27,85 +25,23 @@ and the stages' outputs (``dvc checkout``) as they were.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
-import hashlib
-import json
 import os
-import re
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from . import atomic, records
+from .command import Command
 from .errors import EdgepathError
+from .versions import RELEASES, build_digest, git_tag, read_releases, state, version_key
 
-RELEASES = "releases.json"
 DVC_YAML = "dvc.yaml"
 DEVICES_DIR = "build/devices"
-_VERSION = re.compile(r"^v(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)$")
 # Everything below this line of dvc.yaml is written by `edgepath release` from the fleet.
 ARTIFACTS_MARKER = "# artifacts: one per device tag of params.yaml, written by `edgepath release`"
-
-
-def build_files(entry: dict[str, Any]) -> list[dict[str, Any]]:
-    """A manifest target's build: its artifacts, then a phone's fallback build's
-    (none where it is not built)."""
-    fallback = entry.get("export", {}).get("fallback") or {}
-    return [*entry["artifacts"], *fallback.get("artifacts", [])]
-
-
-def build_digest(files: list[dict[str, Any]]) -> str:
-    """A device build's content digest: sha256 over its files' ``name``, size and
-    sha256, sorted by name (where they came from in the project does not count)."""
-    lines = sorted(f"{f['sha256']}  {f['size']}  {f['name']}\n" for f in files)
-    return "sha256:" + hashlib.sha256("".join(lines).encode()).hexdigest()
-
-
-def empty_releases() -> dict[str, Any]:
-    return {**records.envelope("releases"), "artifacts": {}}
-
-
-def read_releases(path: str | os.PathLike) -> dict[str, Any]:
-    """The releases record at ``path``; none released where the file does not exist."""
-    return records.read(path, "releases") if Path(path).is_file() else empty_releases()
-
-
-def version_key(version: str) -> tuple[int, int, int]:
-    match = _VERSION.match(version)
-    if not match:
-        raise EdgepathError(f"{version!r}: not a release version (vMAJOR.MINOR.PATCH, as v1.2.0)")
-    return tuple(int(g) for g in match.groups())
-
-
-def normalize_version(version: str) -> str:
-    """``1.2.0`` or ``v1.2.0`` as ``v1.2.0``."""
-    version = version if version.startswith("v") else f"v{version}"
-    version_key(version)
-    return version
-
-
-def git_tag(tag: str, version: str) -> str:
-    """The git tag of device ``tag``'s ``version`` (GTO's registration tag)."""
-    return f"{tag}@{version}"
-
-
-def state(entry: dict[str, Any], releases: dict[str, Any]) -> dict[str, Any]:
-    """A manifest target's ``release`` (``entry`` without it): the version its build
-    is, or why none."""
-    tag, files = entry["tag"], build_files(entry)
-    if not files:
-        return {"state": "not built", "version": None, "digest": None,
-                "detail": "nothing to release until it is built"}
-    digest = build_digest(files)
-    last = releases["artifacts"].get(tag)
-    if last is not None and last["digest"] == digest:
-        return {"state": "released", "version": last["version"], "digest": digest,
-                "detail": f"git tag {git_tag(tag, last['version'])}"}
-    why = "never released" if last is None else f"its content differs from {last['version']}"
-    return {"state": "unreleased", "version": None, "digest": digest,
-            "detail": f"{why}; `edgepath release` versions it"}
 
 
 def plan(manifest: dict[str, Any], releases: dict[str, Any]) -> list[dict[str, Any]]:
@@ -149,8 +85,8 @@ def with_artifacts(dvc_yaml: str, tags: list[str]) -> str:
 
 
 class _Project:
-    """git and DVC on one project, through their command lines (DVC: this
-    interpreter's, so the stages run with this edgepath)."""
+    """git (its command line) and DVC (in this process, ``dvc.repo.Repo``, as
+    ``edgepath pull`` reads the project) on one project."""
 
     def __init__(self, root: Path):
         self.root = root
@@ -161,12 +97,20 @@ class _Project:
             raise EdgepathError(f"git {' '.join(args)}: {done.stderr.strip() or done.stdout.strip()}")
         return done
 
-    def dvc(self, *args: str) -> str:
-        done = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=self.root, capture_output=True, text=True,
-                              env={**os.environ, "DVC_NO_ANALYTICS": "1"})
-        if done.returncode != 0:
-            raise EdgepathError(f"dvc {' '.join(args)} failed:\n{(done.stdout + done.stderr).strip()}")
-        return done.stdout
+    def dvc(self, command: str, action: Callable[[Any], Any]) -> Any:
+        """``action(repo)`` on a fresh ``dvc.repo.Repo`` of the project, from its root as
+        the ``dvc`` command line runs (stage names are relative to the working
+        directory); its failure is an EdgepathError naming ``command``."""
+        from dvc.repo import Repo
+
+        root = self.root.resolve()
+        try:
+            with contextlib.chdir(root), Repo(str(root)) as repo:
+                repo.scm_context.quiet = True  # no "git add ..." hints: the release commits itself
+                return action(repo)
+        except Exception as e:  # DvcException, and what the remote's storage raises (OSError, botocore, ...)
+            cause = f" ({type(e.__cause__).__name__}: {e.__cause__})" if e.__cause__ else ""
+            raise EdgepathError(f"{command} failed:\n{type(e).__name__}: {e}{cause}") from None
 
     def has_tag(self, name: str) -> bool:
         return self.git("rev-parse", "-q", "--verify", f"refs/tags/{name}", check=False).returncode == 0
@@ -180,7 +124,7 @@ def _check(project: _Project, releases: dict[str, Any]) -> None:
     if dirty:
         raise EdgepathError(f"uncommitted changes to tracked files (a version tags the commit that built it); "
                             f"commit them first:\n{dirty}")
-    stale = {stage: why for stage, why in json.loads(project.dvc("status", "--json") or "{}").items()
+    stale = {stage: why for stage, why in project.dvc("dvc status", lambda repo: repo.status()).items()
              if why != ["always changed"]}
     if stale:
         raise EdgepathError(f"the pipeline is not up to date ({', '.join(sorted(stale))}); run `dvc repro` and "
@@ -219,21 +163,22 @@ def release(root: str | os.PathLike, remote: str | None = None, dry_run: bool = 
         records.write(root / RELEASES, "releases", updated)
         atomic.write_text(root / DVC_YAML, with_artifacts((root / DVC_YAML).read_text(encoding="utf-8"), tags))
         progress("release: re-running the manifest and bundle stages, which record the versions")
-        project.dvc("repro", "--single-item", "manifest", "bundle")
+        project.dvc("dvc repro --single-item manifest bundle",
+                    lambda repo: repo.reproduce(["manifest", "bundle"], single_item=True))
         released = {t["tag"]: t["release"] for t in records.read(root / "manifest.json", "manifest")["targets"]}
         for c in changes:
             if released[c["tag"]]["version"] != c["version"]:
                 raise EdgepathError(f"the manifest stage did not record {c['tag']} {c['version']}: "
                                     f"{released[c['tag']]['detail']}")
         progress(f"release: dvc push{f' -r {remote}' if remote else ''}")
-        project.dvc("push", *(("-r", remote) if remote else ()))
+        project.dvc(f"dvc push{f' -r {remote}' if remote else ''}", lambda repo: repo.push(remote=remote))
         project.git("add", "--", *restore)
         summary = ", ".join(git_tag(c["tag"], c["version"]) for c in changes)
         project.git("commit", "-q", "-m", f"release: {summary}")
     except BaseException:
         project.git("checkout", "HEAD", "--", *restore, check=False)
         with contextlib.suppress(EdgepathError):  # the first failure is the one to report
-            project.dvc("checkout", "--quiet", "manifest", "bundle")
+            project.dvc("dvc checkout manifest bundle", lambda repo: repo.checkout(targets=["manifest", "bundle"]))
         raise
     from gto.api import register
 
@@ -242,3 +187,33 @@ def release(root: str | os.PathLike, remote: str | None = None, dry_run: bool = 
                  message=f"{c['tag']} {c['version']}: {c['path']}, {c['digest']} ({c['why']})")
     progress(f"release: tagged {summary}; publish the tags with `git push origin {summary.replace(', ', ' ')}`")
     return changes
+
+
+# ---------------------------------------------------------------- the command
+
+def add_project_options(p: argparse.ArgumentParser) -> None:
+    """The clone and the DVC remote a command reads (release, pull, ls)."""
+    p.add_argument("-r", "--remote", help="the DVC remote (default: the project's default)")
+    p.add_argument("--project", default=".", help="the project's clone (default: .)")
+
+
+def _cmd(args: argparse.Namespace) -> None:
+    changes = release(args.project, args.remote, args.dry_run, progress=print)
+    if not changes:
+        print("release: every built device's content is its last release's; nothing to register")
+    elif args.dry_run:
+        print(f"release --dry-run: {len(changes)} versions would be registered; nothing written")
+
+
+def _arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dry-run", action="store_true", help="print the versions it would register; write nothing")
+    add_project_options(p)
+
+
+COMMAND = Command("release", "version each device build that changed", """\
+    For each device whose build's content (its files' names, sizes and sha256)
+    differs from its last release: the next version (v1.0.0 first; major where
+    its weight path changed, else minor), recorded in releases.json and in the
+    manifest, pushed to the DVC remote, committed, and registered with GTO as
+    the annotated git tag <tag>@<version> on that commit (not pushed to git).
+    Needs a clean git tree and an up-to-date pipeline.""", _arguments, _cmd)

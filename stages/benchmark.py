@@ -2,7 +2,8 @@
 
 import sys
 
-from edgepath.cli import main
+from edgepath import command
+from edgepath.benchmark import COMMAND
 
 if __name__ == "__main__":
-    sys.exit(main(["benchmark", *sys.argv[1:]]))
+    sys.exit(command.run(COMMAND, sys.argv[1:]))

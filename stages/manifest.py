@@ -2,7 +2,8 @@
 
 import sys
 
-from edgepath.cli import main
+from edgepath import command
+from edgepath.manifest import COMMAND
 
 if __name__ == "__main__":
-    sys.exit(main(["manifest", "build", *sys.argv[1:]]))
+    sys.exit(command.run(COMMAND, ["build", *sys.argv[1:]]))

@@ -2,7 +2,8 @@
 
 import sys
 
-from edgepath.cli import main
+from edgepath import command
+from edgepath.patch_verify import COMMAND
 
 if __name__ == "__main__":
-    sys.exit(main(["patch-verify", *sys.argv[1:]]))
+    sys.exit(command.run(COMMAND, sys.argv[1:]))

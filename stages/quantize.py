@@ -2,7 +2,8 @@
 
 import sys
 
-from edgepath.cli import main
+from edgepath import command
+from edgepath.quantize import COMMAND
 
 if __name__ == "__main__":  # vLLM (the engine check) needs the guard: it forces spawn
-    sys.exit(main(["quantize", *sys.argv[1:]]))
+    sys.exit(command.run(COMMAND, sys.argv[1:]))

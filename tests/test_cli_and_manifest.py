@@ -22,7 +22,8 @@ def edgepath(*args, cwd=ROOT, check=True):
 
 @pytest.mark.parametrize("command", [[], ["model"], ["probe"], ["select"], ["quantize"], ["check"],
                                      ["patch-verify"], ["control"], ["benchmark"], ["manifest"], ["manifest", "show"],
-                                     ["manifest", "build"], ["images"], ["images", "plan"], ["images", "bake"], ["run"]])
+                                     ["manifest", "build"], ["images"], ["images", "plan"], ["images", "bake"], ["run"],
+                                     ["bundle"], ["pull"], ["ls"], ["release"]])
 def test_every_command_has_help(command):
     out = edgepath(*command, "--help").stdout
     assert "usage: edgepath" in out and len(out.splitlines()) > 5
@@ -48,6 +49,75 @@ def test_bad_input_exits_2_with_a_message_and_writes_nothing(tmp_path):
                                "accelerator": "none", "source": "t", "n_physical": "four"}))
     done = edgepath("select", "--profile", bad, check=False)
     assert done.returncode == 2 and "n_physical" in done.stderr
+
+
+def test_a_bad_params_file_is_one_line_naming_the_key(tmp_path):
+    text = (ROOT / "params.yaml").read_text().replace("damp: 0.05", "damp: x")
+    (tmp_path / "params.yaml").write_text(text)
+    (tmp_path / "profiles").symlink_to(ROOT / "profiles")
+    done = edgepath("probe", "--target", "phone-npu", "--params", tmp_path / "params.yaml", check=False)
+    assert done.returncode == 2
+    assert done.stderr == (f"edgepath probe: error: {tmp_path / 'params.yaml'}: quantize.gptq.damp: "
+                           f"'x' is not of type 'number'\n")
+    # a flag is checked like the key it overrides, before anything is loaded
+    done = edgepath("quantize", "--model", tmp_path / "none", "--path", "w4a8-amx", "--out", tmp_path / "w",
+                    "--params", tmp_path / "missing.yaml", "--search", "magic", check=False)
+    assert done.returncode == 2 and "quantize.gptq.search: 'magic' is not one of" in done.stderr
+    assert len(done.stderr.splitlines()) == 1
+
+
+def test_each_stage_script_imports_only_its_stage_module():
+    """stages/<name>.py runs its own module's COMMAND, not the whole CLI: what a stage's
+    script imports is what its DVC stage depends on."""
+    import ast
+    import importlib
+
+    stages = sorted((ROOT / "stages").glob("*.py"))
+    assert stages
+    for script in stages:
+        imported = set()
+        for node in ast.walk(ast.parse(script.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("edgepath"):
+                imported |= {node.module} if node.module != "edgepath" else {f"edgepath.{a.name}" for a in node.names}
+            elif isinstance(node, ast.Import):
+                imported |= {a.name for a in node.names if a.name.startswith("edgepath")}
+        own = imported - {"edgepath.command"}
+        assert len(own) == 1 and "edgepath.cli" not in own, f"{script.name} imports {sorted(imported)}"
+        assert hasattr(importlib.import_module(own.pop()), "COMMAND"), script.name
+
+
+def test_the_cli_composes_each_stage_module_command():
+    from edgepath import cli, command
+
+    names = [c.name for c in cli.COMMANDS]
+    assert len(names) == len(set(names))
+    assert names[:len(cli.STAGES)] == ["model", "probe", "select", "quantize", "check", "patch-verify", "control",
+                                       "export", "benchmark", "manifest", "bundle"]
+    assert {"images", "run", "pull", "ls", "release"} <= set(names)
+    for c in cli.COMMANDS:  # each also stands alone, as its stage script runs it
+        assert c.parser().prog == f"edgepath {c.name}"
+    assert isinstance(cli.COMMANDS[0], command.Command)
+
+
+def test_a_command_error_is_one_line_and_exit_2(capsys):
+    from edgepath import command
+
+    def refuse(args):
+        raise EdgepathError(f"no {args.thing}")
+
+    failing = command.Command("demo", "a demo", "A demo.", lambda p: p.add_argument("thing"), refuse)
+    assert command.run(failing, ["widget"]) == 2
+    assert capsys.readouterr().err == "edgepath demo: error: no widget\n"
+    with pytest.raises(ValueError):
+        command.Command("broken", "h", "d")  # neither a handler nor subcommands
+
+
+def test_run_runs_a_stage_here():
+    path = json.loads(edgepath("run", "select", "--profile", ROOT / "profiles/x86-avx2.json").stdout)
+    assert path["name"] == "w4a16-tinygemm"
+    done = edgepath("run", "select", "--profile", ROOT / "profiles/arm64-server.json", "--platform", "linux/amd64",
+                    check=False)
+    assert done.returncode == 2 and "edgepath select: error:" in done.stderr
 
 
 def test_select_refuses_a_platform_the_cpu_cannot_run(tmp_path):

@@ -170,8 +170,8 @@ def test_truncated_pte_is_refused(exported, tmp_path):
     ("w4a8-xnnpack", "xnnpack", {"group_size": 48}, "does not divide"),
     ("w8a16-qnn", "qnn", {"soc": "SM0000"}, "not a Qualcomm SoC"),
     ("w4a8-xnnpack", "xnnpack", {"max_seq_len": 32}, "holds fewer positions"),
-    ("w8a16-qnn", "qnn", {"colour": "blue"}, "unknown keys"),
-    ("w8a16-qnn", "qnn", {"samples": "many"}, "expected a non-negative int"),
+    ("w8a16-qnn", "qnn", {"colour": "blue"}, "export.qnn.colour: unknown key"),
+    ("w8a16-qnn", "qnn", {"samples": "many"}, "export.qnn.samples: 'many' is not of type 'integer'"),
 ])
 def test_bad_settings_are_refused_before_any_work(random_llama, tmp_path, path, section, change, message):
     params = _params(tmp_path, **{section: change})
@@ -184,7 +184,7 @@ def test_bad_settings_are_refused_before_any_work(random_llama, tmp_path, path, 
 def test_unknown_path_and_missing_tokenizer_are_refused(random_llama, tmp_path):
     done = edgepath_command("export", "--path", "w4a16-tinygemm", "--model", str(random_llama),
                             "--out", str(tmp_path / "out"), check=False)
-    assert done.returncode == 2 and "is not an export" in done.stderr
+    assert done.returncode == 2 and "is not built by the export stage" in done.stderr
     broken = tmp_path / "no-tokenizer"
     shutil.copytree(random_llama, broken)
     (broken / "tokenizer.json").unlink()
@@ -216,7 +216,7 @@ def test_manifest_gives_a_qnn_phone_its_program_and_meanwhile_the_cpu_build(expo
                                 record, exports, tmp_path)
         summary = manifest._export_summary(selection, record, exports, model_record, tmp_path)
         return {"build": built, "export": summary,
-                "verification": manifest._verification(selection, tmp_path / "verify", summary, tmp_path)}
+                "verification": manifest._verification(selection, tmp_path / "verify", summary, [], tmp_path)}
 
     npu = target("phone-npu")
     (state, detail), artifacts = (npu["build"][0]["state"], npu["build"][0]["detail"]), npu["build"][1]

@@ -29,8 +29,10 @@ def test_a_namespace_is_read_without_the_fleet(tmp_path):
     (tmp_path / "p.yaml").write_text("quantize:\n  head: bf16\n")
     assert fleet.namespace(tmp_path / "p.yaml", "quantize") == {"head": "bf16"}
     (tmp_path / "q.yaml").write_text("quantize: [1, 2]\n")
-    with pytest.raises(EdgepathError, match="quantize: expected a mapping"):
+    with pytest.raises(EdgepathError, match=r"q\.yaml: quantize: \[1, 2\] is not of type 'object'"):
         fleet.namespace(tmp_path / "q.yaml", "quantize")
+    # the fleet is not read: a file without targets serves a stage that needs none
+    assert fleet.namespace(tmp_path / "p.yaml", "benchmark") == {}
 
 
 def test_auto_platform_follows_the_architecture():
@@ -50,8 +52,8 @@ def mutate(data, tag, **fields):
     (lambda d: mutate(d, "x86-avx2", priority="fast"), r"targets\.x86-avx2\.priority: 'fast'"),
     (lambda d: mutate(d, "x86-avx2", platform="windows/amd64"), r"x86-avx2\.platform"),
     (lambda d: mutate(d, "x86-avx2", profile="profiles/nope.json"), r"no such profile file 'profiles/nope.json'"),
-    (lambda d: mutate(d, "x86-avx2", prority="speed"), r"unknown field\(s\) prority"),
-    (lambda d: d["targets"]["gpu-cuda"].pop("platform") and d, r"gpu-cuda: missing field\(s\) platform"),
+    (lambda d: mutate(d, "x86-avx2", prority="speed"), r"targets\.x86-avx2\.prority: unknown key"),
+    (lambda d: d["targets"]["gpu-cuda"].pop("platform") and d, r"targets\.gpu-cuda\.platform: missing"),
     (lambda d: {**d, "targets": [{"tag": "host"}]}, "a mapping, not a list"),
     (lambda d: {**d, "targets": {}}, "a mapping, not a list"),
     (lambda d: {**d, "targets": {"Bad Tag": d["targets"]["host"]}}, "device tag"),
@@ -75,3 +77,16 @@ def test_unreadable_params_file(tmp_path):
         fleet.load(tmp_path / "params.yaml")
     with pytest.raises(EdgepathError, match="no such params file"):
         fleet.load(tmp_path / "missing.yaml")
+
+
+def test_a_cpu_build_in_vllm_needs_the_cpus_own_platform():
+    from edgepath.profile import HardwareProfile
+
+    arm = HardwareProfile.from_dict(yaml.safe_load((ROOT / "profiles/arm64-server.json").read_text()))
+    vllm_build = {"name": "w4a16-tinygemm", "runs_in_vllm": True}
+    fleet.check_platform("arm64-server", "linux/arm64", vllm_build, arm)
+    with pytest.raises(EdgepathError, match="arm64-server: its w4a16-tinygemm build .* must be linux/arm64, not "
+                                            "linux/amd64"):
+        fleet.check_platform("arm64-server", "linux/amd64", vllm_build, arm)
+    # a build made on a build machine (a phone's export) may be made on any platform
+    fleet.check_platform("arm64-server", "linux/amd64", {"name": "w4a8-xnnpack", "runs_in_vllm": False}, arm)

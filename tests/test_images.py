@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from edgepath import fleet, images, select
+from edgepath import coverage, fleet, images, select
 from edgepath.errors import EdgepathError
 from edgepath.profile import HardwareProfile
 
@@ -157,7 +157,7 @@ def test_a_device_gets_the_image_of_its_runtime(profile, image):
     p = _profile(profile)
     assert images.image_for_profile(p).name == image
     # the export image is for phones: the selector's own test of what a phone is
-    assert (image == "export") == select.is_phone(p)
+    assert (image == "export") == (coverage.device_class(p) is coverage.DeviceClass.PHONE)
 
 
 def test_no_image_for_an_unknown_architecture():

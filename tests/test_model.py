@@ -18,7 +18,7 @@ def test_embedded_default_converts_to_a_complete_bf16_directory(default_model):
     assert record["config"]["hidden_size"] == 576 and record["config"]["num_hidden_layers"] == 30
     assert 130e6 < record["parameters"] < 140e6  # SmolLM2-135M, embeddings tied
     assert record["has_chat_template"] and "tokenizer.json" in record["tokenizer_files"]
-    hf = model.model_directory(default_model / "model.json", record)
+    hf = records.model_directory(default_model / "model.json", record)
     assert hf == (default_model / "hf").resolve()
     listed = {f["path"]: f for f in record["files"]}
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(listed)
@@ -50,7 +50,7 @@ def test_local_directory_is_validated_in_place_not_copied(default_model, tmp_pat
     embedded = records.read(default_model / "model.json", "model")
     assert record["fingerprint"] == embedded["fingerprint"] and record["digest"] == embedded["digest"]
     assert record["source"] == {"kind": "local", "path": str((default_model / "hf").resolve())}
-    assert model.model_directory(out / "model.json", record) == (default_model / "hf").resolve()
+    assert records.model_directory(out / "model.json", record) == (default_model / "hf").resolve()
 
 
 def test_fingerprint_tracks_layout_digest_tracks_bytes(default_model, tmp_path):

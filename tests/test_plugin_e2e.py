@@ -6,14 +6,14 @@ The checkpoint and the patch-verify record come from the session's one `dvc repr
 
 import json
 import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
 from safetensors import safe_open
 
 from edgepath import records
+from edgepath.engines import worker
+from edgepath.errors import EdgepathError
 from edgepath.quant.cpu_int4_format import CpuInt4
 
 from .conftest import edgepath_command, write_tiny_llama
@@ -121,10 +121,13 @@ def test_a_layer_tinygemm_cannot_run_is_refused_at_load_naming_it(default_model,
         codes = torch.clamp(torch.round((groups - offsets.unsqueeze(-1)) / scales.unsqueeze(-1)) + 8, 0, 15)
         tensors.update(CpuInt4.pack(codes.view(n, k).int(), scales, offsets).tensors(name.removesuffix(".weight")))
     save_file(tensors, str(model / "model.safetensors"), metadata={"format": "pt"})
-    done = subprocess.run([sys.executable, "-m", "edgepath.engines.vllm_cpu", "--model", str(model),
-                           "--quantization", "cpu_int4", "--w4a8", "0", "--cache-dir", str(tmp_path / "cache"),
-                           "--out", str(tmp_path / "start.json")], capture_output=True, text=True)
-    assert done.returncode != 0 and not (tmp_path / "start.json").exists()
-    log = done.stdout + done.stderr
+    # started as patch-verify starts its engines: a worker process (edgepath.engines.worker)
+    cmd = worker.command("vllm", model, quantization="cpu_int4", env={"VLLM_CPU_INT4_W4A8": "0"},
+                         cache_dir=tmp_path / "cache", prefix_caching=True)
+    with worker.EngineProcess("tiny", cmd, tmp_path / "start.log") as process:
+        with pytest.raises(EdgepathError, match=r"tiny: the engine process exited \(\d+\)"):
+            process.wait_ready()
+    assert process.proc.returncode != 0
+    log = (tmp_path / "start.log").read_text()
     assert "layer model.layers.0.mlp.gate_up_proj has shape [out [40, 40], in 64]" in log
     assert "multiple of 16" in log

@@ -136,18 +136,18 @@ def test_search_names_in_settings_match_the_algorithms():
     assert set(quantize.SEARCH_NAMES) == set(SEARCHES)
 
 
-@pytest.mark.parametrize("params, message", [
-    ({"colour": 1}, "unknown keys"),
-    ({"calibration": {"samples": "many"}}, "samples must be int"),
-    ({"calibration": {"holdout": "persuasion"}}, "list of document names"),
-    ({"gptq": {"search": "magic"}}, "search must be one of"),
-    ({"gptq": {"damp": 2}}, "damp must be in"),
-    ({"head": "int8"}, "head must be one of"),
-    ({"gptq": {"group_order": "yes"}}, "group_order must be bool"),
+@pytest.mark.parametrize("params, calibration, message", [
+    ({"colour": 1}, {}, r"quantize\.colour: unknown key"),
+    ({}, {"samples": "many"}, r"calibration\.samples: 'many' is not of type 'integer'"),
+    ({}, {"holdout": "persuasion"}, "list of document names"),
+    ({"gptq": {"search": "magic"}}, {}, r"quantize\.gptq\.search: 'magic' is not one of"),
+    ({"gptq": {"damp": 2}}, {}, r"quantize\.gptq\.damp: 2 is greater than or equal to the maximum of 1"),
+    ({"head": "int8"}, {}, r"quantize\.head: 'int8' is not one of"),
+    ({"gptq": {"group_order": "yes"}}, {}, r"quantize\.gptq\.group_order: 'yes' is not of type 'boolean'"),
 ])
-def test_settings_refuse_wrong_fields(params, message):
+def test_settings_refuse_wrong_fields(params, calibration, message):
     with pytest.raises(EdgepathError, match=message):
-        quantize.Settings.from_params(params)
+        quantize.Settings.from_params(params, calibration)
 
 
 def test_settings_read_the_shipped_params():
@@ -155,8 +155,8 @@ def test_settings_read_the_shipped_params():
 
     from .conftest import ROOT
 
-    namespace = yaml.safe_load((ROOT / "params.yaml").read_text())["quantize"]
-    settings = quantize.Settings.from_params(namespace)
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    settings = quantize.Settings.from_params(params["quantize"], params["calibration"])
     assert settings.search == "output-error" and settings.holdout == ("persuasion",)
 
 
@@ -206,7 +206,7 @@ def test_chat_calibration_without_a_chat_template_is_refused(tokenizer):
 def test_quantize_refuses_bad_input_up_front_and_writes_nothing(default_model, tmp_path):
     hf = default_model / "hf"
     out = tmp_path / "out"
-    with pytest.raises(EdgepathError, match="no 4-bit checkpoint"):
+    with pytest.raises(EdgepathError, match="not built by the quantize stage"):
         quantize.run(hf, "bf16", out)
     odd = write_tiny_llama(tmp_path / "odd", hf, intermediate_size=72)
     with pytest.raises(EdgepathError, match=r"layer model\.layers\.0\.mlp\.(down|gate|up)_proj .*multiple of 32"):

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from edgepath import fleet, pull, records, release
+from edgepath import fleet, pull, records, release, versions
 from edgepath.errors import EdgepathError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,44 +25,44 @@ def _target(tag, path, files, fallback=None):
 
 
 def _released(tag, version, entry):
-    return {**release.empty_releases(), "artifacts": {
-        tag: {"version": version, "digest": release.build_digest(release.build_files(entry)),
+    return {**versions.empty_releases(), "artifacts": {
+        tag: {"version": version, "digest": versions.build_digest(versions.build_files(entry)),
               "path": entry["path"]["name"]}}}
 
 
 def test_digest_is_the_content_not_the_order_or_where_it_was_built():
     files = [_file("p/a.json", "a"), _file("p/b.bin", "b", 10)]
     moved = [{**f, "path": f"elsewhere/{f['name']}"} for f in reversed(files)]
-    assert release.build_digest(files) == release.build_digest(moved)
-    assert release.build_digest(files) != release.build_digest([files[0], _file("p/b.bin", "c", 10)])
-    assert release.build_digest(files) != release.build_digest([files[0], _file("p/renamed.bin", "b", 10)])
-    assert release.build_digest(files).startswith("sha256:")
+    assert versions.build_digest(files) == versions.build_digest(moved)
+    assert versions.build_digest(files) != versions.build_digest([files[0], _file("p/b.bin", "c", 10)])
+    assert versions.build_digest(files) != versions.build_digest([files[0], _file("p/renamed.bin", "b", 10)])
+    assert versions.build_digest(files).startswith("sha256:")
 
 
 def test_a_phones_fallback_build_is_part_of_its_content():
     main = [_file("w8a16-qnn/export.json")]
     alone, with_fallback = _target("p", "w8a16-qnn", main), _target("p", "w8a16-qnn", main, [_file("x/model.pte", "f")])
-    assert release.build_files(with_fallback) == [*main, _file("x/model.pte", "f")]
-    assert release.build_digest(release.build_files(alone)) != release.build_digest(release.build_files(with_fallback))
+    assert versions.build_files(with_fallback) == [*main, _file("x/model.pte", "f")]
+    assert versions.build_digest(versions.build_files(alone)) != versions.build_digest(versions.build_files(with_fallback))
 
 
 def test_release_state_of_a_target():
     entry = _target("host", "w4a16-tinygemm", [_file("w4a16-tinygemm/model.safetensors")])
-    none = release.empty_releases()
-    assert release.state(entry, none)["state"] == "unreleased"
-    assert "never released" in release.state(entry, none)["detail"]
+    none = versions.empty_releases()
+    assert versions.state(entry, none)["state"] == "unreleased"
+    assert "never released" in versions.state(entry, none)["detail"]
     same = _released("host", "v1.2.0", entry)
-    assert release.state(entry, same) == {"state": "released", "version": "v1.2.0",
-                                          "digest": release.build_digest(entry["artifacts"]),
+    assert versions.state(entry, same) == {"state": "released", "version": "v1.2.0",
+                                          "digest": versions.build_digest(entry["artifacts"]),
                                           "detail": "git tag host@v1.2.0"}
     changed = _target("host", "w4a16-tinygemm", [_file("w4a16-tinygemm/model.safetensors", "b")])
-    assert release.state(changed, same)["version"] is None
-    assert "differs from v1.2.0" in release.state(changed, same)["detail"]
-    assert release.state(_target("host", "w4a16-tinygemm", []), same)["state"] == "not built"
+    assert versions.state(changed, same)["version"] is None
+    assert "differs from v1.2.0" in versions.state(changed, same)["detail"]
+    assert versions.state(_target("host", "w4a16-tinygemm", []), same)["state"] == "not built"
 
 
 def _manifest(releases, *entries):
-    return {"targets": [{**e, "release": release.state(e, releases)} for e in entries]}
+    return {"targets": [{**e, "release": versions.state(e, releases)} for e in entries]}
 
 
 def test_plan_versions_only_what_changed_with_the_reason():
@@ -84,12 +84,12 @@ def test_plan_versions_only_what_changed_with_the_reason():
 @pytest.mark.parametrize("version", ["1.2", "v01.2.3", "v1.2.3-rc1", "latest", ""])
 def test_versions_are_plain_semver(version):
     with pytest.raises(EdgepathError, match="not a release version"):
-        release.normalize_version(version)
-    assert release.normalize_version("1.2.3") == release.normalize_version("v1.2.3") == "v1.2.3"
+        versions.normalize_version(version)
+    assert versions.normalize_version("1.2.3") == versions.normalize_version("v1.2.3") == "v1.2.3"
 
 
 def test_releases_record_refuses_a_bad_version_or_digest():
-    bad = {**release.empty_releases(), "artifacts": {"host": {"version": "1.0", "digest": "sha256:" + "0" * 64,
+    bad = {**versions.empty_releases(), "artifacts": {"host": {"version": "1.0", "digest": "sha256:" + "0" * 64,
                                                               "path": "w4a16-tinygemm"}}}
     with pytest.raises(EdgepathError, match="version"):
         records.validate("releases", bad)
@@ -110,7 +110,7 @@ def test_committed_dvc_yaml_declares_one_artifact_per_device_of_params():
         check_name_format(tag)  # GTO's rule for an artifact name; raises where it breaks it
         assert artifact["path"] == f"build/devices/{tag}"
     assert yaml.safe_load(release.with_artifacts(text, ["a", "b"]))["stages"] == yaml.safe_load(text)["stages"]
-    release.read_releases(ROOT / release.RELEASES)  # the committed record is valid
+    versions.read_releases(ROOT / versions.RELEASES)  # the committed record is valid
 
 
 @pytest.mark.parametrize("tag", ["x86.avx2", "phone-", "-phone", "Phone"])
@@ -126,22 +126,24 @@ def _git(repo, *args):
 
 
 def test_pull_reads_dvc_lock_at_the_version_tag(tmp_path):
-    lock = "schema: '2.0'\nstages:\n  manifest:\n    outs:\n    - path: manifest.json\n      md5: {md5}\n"
-    _git(tmp_path, "init", "-q")
-    (tmp_path / "dvc.lock").write_text(lock.format(md5="a" * 32))
-    _git(tmp_path, "add", "dvc.lock")
+    from .test_pull import dvc_project
+
+    lock = "schema: '2.0'\nstages:\n  manifest:\n    cmd: m\n    outs:\n    - path: manifest.json\n      md5: {md5}\n"
+    dvc_project(tmp_path, lock.format(md5="a" * 32), "stages:\n  manifest:\n    cmd: m\n    outs:\n    - manifest.json\n")
+    _git(tmp_path, "add", "-A")
     _git(tmp_path, "commit", "-qm", "one")
     _git(tmp_path, "tag", "-a", "host@v1.0.0", "-m", "host v1.0.0")
     (tmp_path / "dvc.lock").write_text(lock.format(md5="b" * 32))
     _git(tmp_path, "commit", "-qam", "two")
-    text, where = pull._lock_text(tmp_path, "host", "1.0.0")
-    assert pull.manifest_output(where, pull.lock_outputs(text, where)).md5 == "a" * 32
-    assert where == "dvc.lock at host@v1.0.0"
+    at_tag = pull.read_lock(tmp_path, "host", "1.0.0")
+    assert pull.manifest_output(at_tag.where, at_tag.outputs).md5 == "a" * 32
+    assert at_tag.where == "dvc.lock at host@v1.0.0"
     with pytest.raises(EdgepathError, match=r"no git tag host@v2\.0\.0 .* its versions here: host@v1\.0\.0"):
-        pull._lock_text(tmp_path, "host", "v2.0.0")
+        pull.read_lock(tmp_path, "host", "v2.0.0")
     with pytest.raises(EdgepathError, match="needs a device tag"):
-        pull._lock_text(tmp_path, None, "v1.0.0")
-    assert pull._lock_text(tmp_path, "host", None)[0] == lock.format(md5="b" * 32)
+        pull.read_lock(tmp_path, None, "v1.0.0")
+    workspace = pull.read_lock(tmp_path, "host", None)
+    assert pull.manifest_output(workspace.where, workspace.outputs).md5 == "b" * 32
 
 
 def test_release_refuses_a_dirty_tree(tmp_path):

@@ -2,10 +2,11 @@ import dataclasses
 
 import pytest
 
-from edgepath import probe, shapes
+from edgepath import coverage, probe, shapes, weight_paths
 from edgepath.errors import EdgepathError
 from edgepath.profile import HardwareProfile
-from edgepath.select import has_amx, select_weight_path
+from edgepath.coverage import has_amx
+from edgepath.select import select_weight_path
 
 from .conftest import HOSTS
 
@@ -28,46 +29,55 @@ SMOLLM2 = {
 
 def test_amx_speed_gets_w4a8_gptq():
     p = select_weight_path(AMX, "speed")
-    assert (p.name, p.quantization, p.runs_in_vllm, p.verified) == ("w4a8-amx", "gptq", True, True)
+    assert (p.name, p.spec.quantization, p.spec.engine) == ("w4a8-amx", "gptq", weight_paths.Engine.VLLM)
     assert p.as_engine_kwargs() == {"quantization": "gptq"}
     assert p.as_engine_env() == {"VLLM_CPU_INT4_W4A8": "1"}
-    assert p.activations.startswith("int8")
-    assert p.fused_cpu_norms is False
+    assert p.spec.activations.startswith("int8")
+    assert p.spec.fused_cpu_norms is False
 
 
 @pytest.mark.parametrize("profile, priority", [(AMX, "fidelity"), (AVX2, "speed"), (AVX2, "fidelity")])
 def test_x86_without_amx_or_fidelity_gets_w4a16(profile, priority):
     p = select_weight_path(profile, priority)
-    assert (p.name, p.quantization, p.activations) == ("w4a16-tinygemm", "cpu_int4", "bfloat16")
+    assert (p.name, p.spec.quantization, p.spec.activations) == ("w4a16-tinygemm", "cpu_int4", "bfloat16")
     assert p.as_engine_kwargs() == {"quantization": "cpu_int4"}
     assert p.as_engine_env() == {"VLLM_CPU_INT4_W4A8": "0"}
 
 
-def test_arm_gets_unverified_bf16_activation_4bit():
+def test_arm_gets_bf16_activation_4bit_and_says_its_kernel_differs():
     p = select_weight_path(ARM)
-    assert p.quantization == "cpu_int4" and p.activations == "bfloat16"
-    assert p.verified is False
-    assert "Arm" in p.rationale
-    assert any(n.startswith("unverified") for n in p.notes)
+    assert p.spec.quantization == "cpu_int4" and p.spec.activations == "bfloat16"
+    assert "Arm" in p.rationale and "different kernel" in p.rationale
+    # whether it is verified is the manifest's, from records; the selection claims nothing
+    assert "verified" not in p.to_dict() and not any("verified" in n for n in p.notes)
 
 
 def test_phone_npu_gets_calibrated_export():
     p = select_weight_path(PHONE)
-    assert p.name == "w8a16-qnn" and p.activations.startswith("int16")
-    assert p.quantization is None and p.runs_in_vllm is False and p.as_engine_kwargs() == {}
-    assert "export" in p.build_with
+    assert p.name == "w8a16-qnn" and p.spec.activations.startswith("int16")
+    assert p.spec.quantization is None and p.spec.engine is weight_paths.Engine.EXECUTORCH
+    assert p.as_engine_kwargs() == {} and p.spec.built_by is weight_paths.Stage.EXPORT
     assert any("calibrat" in n and "real" in n for n in p.notes)
-    assert p.fallback == "w4a8-xnnpack" and any("QNN_SDK_ROOT" in n for n in p.notes)
+    assert p.spec.fallback == "w4a8-xnnpack" and any("QNN_SDK_ROOT" in n for n in p.notes)
+
+
+def test_a_qualcomm_npu_without_driver_information_gets_the_calibrated_export():
+    """A hand-written profile that says nothing of the driver is no evidence that it is
+    missing: the device gets the QNN program, and its notes carry the calibration lesson."""
+    p = select_weight_path(dataclasses.replace(PHONE, npu_driver=None))
+    assert p.name == "w8a16-qnn" and "no driver information" in p.rationale
+    assert any("calibrat" in n.lower() for n in p.notes)
 
 
 @pytest.mark.parametrize("change, why", [
     ({"accelerator": "none", "npu_driver": None}, "no NPU"),
     ({"accelerator": "npu:mediatek"}, "not one edgepath's QNN export"),
-    ({"npu_driver": None}, "not one edgepath's QNN export"),
+    ({"npu_driver": coverage.NO_NPU_DRIVER}, "found no driver"),
 ])
 def test_phone_without_a_usable_npu_gets_the_xnnpack_export(change, why):
     p = select_weight_path(dataclasses.replace(PHONE, **change))
-    assert (p.name, p.runs_in_vllm, p.fallback, p.group_size) == ("w4a8-xnnpack", False, None, 32)
+    assert (p.name, p.spec.engine, p.spec.fallback, p.group_size) == ("w4a8-xnnpack", weight_paths.Engine.EXECUTORCH,
+                                                                     None, 32)
     assert why in p.rationale and "phone" in p.rationale
 
 
@@ -80,7 +90,7 @@ def test_an_arm_cpu_without_npu_or_android_kernel_is_no_phone():
                                                  (JETSON, "bf16", "bfloat16")])
 def test_gpu_runs_unquantized(profile, name, dtype):
     p = select_weight_path(profile, "speed")
-    assert (p.name, p.quantization, p.fused_cpu_norms) == (name, None, False)
+    assert (p.name, p.spec.quantization, p.spec.fused_cpu_norms) == (name, None, False)
     assert p.as_engine_kwargs() == {"dtype": dtype}
     assert select_weight_path(profile, "fidelity").name == name
 
@@ -154,3 +164,46 @@ def test_block_linears_skip_embeddings_norms_and_head():
 ])
 def test_probed_snapshots_select_their_paths(host, name):
     assert select_weight_path(probe.probe(HOSTS / host)).name == name
+
+
+def test_every_registry_path_is_consistent():
+    """Each record's preconditions hold (asserted on construction) and what the stages
+    derive from it agrees: the kernel op of a vLLM CPU checkpoint, the builder stage."""
+    for name, spec in weight_paths.PATHS.items():
+        assert spec.name == name
+        if spec.built_by is weight_paths.Stage.QUANTIZE:
+            assert spec.kernel is not None and spec.kernel.op.count("::") == 1
+            assert spec.engine is weight_paths.Engine.VLLM and spec.group_rule is not None
+        if spec.fallback is not None:
+            assert weight_paths.get(spec.fallback).built_by is spec.built_by
+    assert weight_paths.get("w4a8-amx").kernel.op == "_C::int4_scaled_mm_cpu"
+    assert weight_paths.get("w4a16-tinygemm").kernel.op == "edgepath::int4_mm"
+    with pytest.raises(EdgepathError, match="unknown weight path 'w9'"):
+        weight_paths.get("w9")
+    with pytest.raises(EdgepathError, match="not built by the quantize stage"):
+        weight_paths.require("w8a16-qnn", weight_paths.Stage.QUANTIZE)
+
+
+def test_selection_records_name_engine_and_builder_not_prose():
+    for profile in (AMX, AVX2, ARM, PHONE, GPU):
+        d = select_weight_path(profile).to_dict()
+        spec = weight_paths.get(d["name"])
+        assert (d["engine"], d["built_by"]) == (spec.engine.value, spec.built_by.value)
+        assert d["runs_in_vllm"] == (spec.engine is weight_paths.Engine.VLLM)
+
+
+@pytest.mark.parametrize("flags, runs", [
+    (["avx512f", "amx_tile", "amx_bf16", "amx_int8"], True),   # AMX tiles
+    (["avx2", "fma", "avx512f", "avx512_vnni"], True),           # Zen 4: VNNI, the gate lifted
+    (["avx2", "fma"], False),
+])
+def test_w4a8_runs_where_amx_or_vnni_is(flags, runs):
+    host = HardwareProfile(arch="x86_64", cpu_flags=flags)
+    assert (coverage.w4a8_unsupported(host) is None) == runs
+
+
+def test_a_run_stands_for_targets_of_its_kernel_tier_only():
+    amx, avx2 = AMX.summary(), AVX2.summary()
+    assert coverage.stands_for(amx, amx) is None
+    assert "selects other kernels" in coverage.stands_for(avx2, amx)
+    assert "lacks" in coverage.stands_for(avx2, GPU.summary())

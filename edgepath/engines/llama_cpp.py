@@ -12,7 +12,9 @@ the benchmark's control engine, and the tools that make its GGUF files.
   ids (the caller tokenizes with the model's Hugging Face tokenizer, so every
   engine sees the same ids). Logits are read per position with
   ``llama_get_logits_ith`` after a batch that asked for them: the high-level
-  ``Llama(logits_all=True)`` segfaulted on Q4_K_M files (BRIEF, issue 5).
+  ``Llama(logits_all=True)`` segfaulted on Q4_K_M files (measured here:
+  llama-cpp-python 0.3.36 built by ``scripts/build_llama_cpp.sh``, SmolLM2-135M,
+  this team's AVX2 build host; issue 5).
 """
 
 from __future__ import annotations

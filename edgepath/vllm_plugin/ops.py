@@ -10,8 +10,9 @@ with a fixed output shape, never the kernel's insides or a guard on M.
 
 ``edgepath::head_gate``: ``x [M, K] @ W.T`` for a tiny per-head gate
 projection (``W [n_heads, K]``, n_heads of 8-64): an eager multiply-and-sum
-for decode-sized M, which skips the GEMM's thread fan-out (reported 2.6x
-cheaper than vLLM's oneDNN GEMM on an AMX Xeon, BRIEF §5); ``F.linear`` above
+for decode-sized M, which skips the GEMM's thread fan-out (reported elsewhere,
+not measured here: 2.6x cheaper than vLLM's oneDNN GEMM for an 8 x 2048 gate on
+an AMX Xeon); ``F.linear`` above
 ``HEAD_GATE_MAX_ROWS``. Opaque so the compiler cannot inline it back into a
 GEMM (inlined, it made the step 1.8x slower in the reported build).
 """

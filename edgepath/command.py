@@ -1,0 +1,96 @@
+"""One ``edgepath`` command: its arguments and its handler, kept in the module it runs.
+
+Every stage module ends with a ``COMMAND`` (a ``Command``); ``edgepath.cli`` only
+composes them under ``edgepath <name>``, and a stage's DVC entry point
+(``stages/<name>.py``) runs its own module's ``COMMAND`` with ``run``, importing
+nothing else. This module is deliberately light: argparse and the error type.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import textwrap
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .errors import EdgepathError
+
+PROG = "edgepath"
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    """``edgepath <name>``: a leaf (``handler``) or a group of ``subcommands``
+    (``manifest build|show``, ``images plan|bake``), never both."""
+
+    name: str
+    help: str
+    """One line, in ``edgepath --help``'s list."""
+    description: str
+    """``edgepath <name> --help``'s text (dedented)."""
+    add_arguments: Callable[[argparse.ArgumentParser], None] | None = None
+    handler: Callable[[argparse.Namespace], None] | None = None
+    """Runs the command; raises ``EdgepathError`` for what the user must fix."""
+    subcommands: tuple[Command, ...] = ()
+
+    def __post_init__(self) -> None:
+        if (self.handler is None) == (not self.subcommands):
+            raise ValueError(f"command {self.name!r}: a handler or subcommands, exactly one")
+
+    def add_to(self, subparsers: Any) -> argparse.ArgumentParser:
+        """Add this command to a parser's ``add_subparsers()``."""
+        parser = subparsers.add_parser(self.name, help=self.help, description=textwrap.dedent(self.description),
+                                       formatter_class=formatter)
+        self._fill(parser)
+        return parser
+
+    def parser(self, prog: str = PROG) -> argparse.ArgumentParser:
+        """This command alone, as ``<prog> <name>``."""
+        parser = argparse.ArgumentParser(prog=f"{prog} {self.name}", description=textwrap.dedent(self.description),
+                                         formatter_class=formatter)
+        self._fill(parser)
+        return parser
+
+    def _fill(self, parser: argparse.ArgumentParser) -> None:
+        if self.add_arguments is not None:
+            self.add_arguments(parser)
+        if self.subcommands:
+            sub = parser.add_subparsers(dest="action", metavar="<action>", required=True)
+            for command in self.subcommands:
+                command.add_to(sub)
+        else:
+            parser.set_defaults(handler=self.handler)
+
+
+def formatter(prog: str) -> argparse.HelpFormatter:
+    """Every edgepath parser's: descriptions keep their line breaks."""
+    return argparse.RawDescriptionHelpFormatter(prog, max_help_position=32)
+
+
+def call(name: str, args: argparse.Namespace) -> int:
+    """Run parsed ``args`` (their ``handler``): 0, or 2 with one line on stderr,
+    ``edgepath <name>: error: ...``, where the handler refused with an ``EdgepathError``."""
+    try:
+        args.handler(args)
+    except EdgepathError as e:
+        print(f"{PROG} {name}: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def run(command: Command, argv: Sequence[str] | None = None) -> int:
+    """``edgepath <command.name> ARGV``: parse, run, and return the exit status."""
+    return call(command.name, command.parser().parse_args(argv))
+
+
+def emit(text: str, out: str | None, name: str, record: dict[str, Any]) -> None:
+    """Write ``record`` (a record of kind ``name``) to ``out``, or print ``text`` where
+    no ``--out`` was given."""
+    if out:
+        from . import records
+
+        records.write(out, name, record)
+    else:
+        sys.stdout.write(text)
