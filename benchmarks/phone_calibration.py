@@ -44,7 +44,7 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from edgepath.phone import graph, qnn_w8a16
-    from edgepath.quant import calibration
+    from edgepath import calibration
 
     model_record = ROOT / "build" / "model" / "model.json"
     if not model_record.is_file():

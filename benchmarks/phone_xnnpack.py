@@ -38,7 +38,7 @@ def main() -> None:
 
     from edgepath.phone import graph, xnnpack_8da4w
     from edgepath.phone.parity import Parity
-    from edgepath.quant import calibration
+    from edgepath import calibration
 
     model_record = ROOT / "build" / "model" / "model.json"
     model_dir = records.model_directory(model_record, records.read(model_record, "model"))

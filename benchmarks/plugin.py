@@ -66,7 +66,7 @@ def _interleaved(arms: dict, reps: int) -> dict[str, list[float]]:
 def bench_gemm() -> list[dict]:
     import torch
 
-    from edgepath.quant.cpu_int4_format import CpuInt4
+    from edgepath.gptq.cpu_int4_format import CpuInt4
 
     rows = []
     for layer, (n, k) in LAYERS.items():

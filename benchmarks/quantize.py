@@ -69,7 +69,7 @@ def main() -> None:
     from edgepath import records
     from edgepath.engine_check import dequantized_reference
     from edgepath.prompts import fixed_prompt_ids
-    from edgepath.quant.evaluate import common_prefix, greedy
+    from edgepath.gptq.evaluate import common_prefix, greedy
 
     torch.set_num_threads(os.cpu_count() or 1)
     hf = model_record.parent / "hf"

@@ -466,7 +466,7 @@ def run(paths: list[str], model_record_path: str | os.PathLike, weights_dir: str
     from transformers import AutoTokenizer
 
     from .prompts import fixed_prompt_ids
-    from .quant.calibration import evaluation_set, load_corpus
+    from .calibration import evaluation_set, load_corpus
 
     started = time.monotonic()
     model_record = records.read(model_record_path, "model")

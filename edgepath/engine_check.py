@@ -53,7 +53,7 @@ CHECK_WINDOWS, CHECK_LENGTH = 8, 128
 
 def check_sequences(tokenizer, corpus) -> list[list[int]]:
     """The held-out token windows the check is teacher-forced on."""
-    from .quant.calibration import evaluation_set
+    from .calibration import evaluation_set
 
     return evaluation_set(tokenizer, corpus, CHECK_WINDOWS, CHECK_LENGTH).tolist()
 
@@ -83,7 +83,7 @@ def dequantized_reference(checkpoint: Path, base_model: Path):
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from .quant import layer_format
+    from .gptq import layer_format
 
     method = json.loads((checkpoint / "config.json").read_text())["quantization_config"]["quant_method"]
     layer = layer_format(method)
@@ -113,7 +113,7 @@ def agreement(engine: list[list[int]], reference: list[list[int]]) -> float:
 
 
 def greedy_summary(engine: list[list[int]], reference: list[list[int]]) -> dict[str, Any]:
-    from .quant.evaluate import common_prefix
+    from .gptq.evaluate import common_prefix
 
     prefixes = [common_prefix(e, r) for e, r in zip(engine, reference)]
     return {"identical": sum(p == len(r) for p, r in zip(prefixes, reference)),
@@ -137,7 +137,7 @@ def compare(measured: dict[str, Any], checkpoint: Path, base_model: Path, sequen
     import torch
     from transformers import AutoModelForCausalLM
 
-    from .quant.evaluate import greedy
+    from .gptq.evaluate import greedy
 
     with torch.no_grad():
         references = {"dequantized": dequantized_reference(Path(reference_checkpoint or checkpoint), base_model),
@@ -231,7 +231,7 @@ def engine_gate_note(lifted: bool) -> str | None:
 def _cmd(args: argparse.Namespace) -> None:
     from transformers import AutoTokenizer
 
-    from .quant import calibration
+    from . import calibration
 
     tokenizer = AutoTokenizer.from_pretrained(args.checkpoint, local_files_only=True)
     sequences = check_sequences(tokenizer, calibration.load_corpus(args.corpus, [args.holdout]))

@@ -162,7 +162,7 @@ def run(path: str, model_dir: str | Path, out: str | Path, settings: Settings = 
 
     from transformers import AutoTokenizer
 
-    from .quant import calibration
+    from . import calibration
 
     started = time.monotonic()
     tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
@@ -189,7 +189,7 @@ def run(path: str, model_dir: str | Path, out: str | Path, settings: Settings = 
 
 def _build_qnn(model_dir: Path, tokenizer, corpus, settings: Settings, scratch: Path) -> dict[str, Any]:
     from .phone import graph, qnn_w8a16
-    from .quant import calibration
+    from . import calibration
 
     s = settings.qnn
     calib = calibration.calibration_set(tokenizer, corpus, s.samples, s.window, s.chat_fraction, settings.seed)
@@ -241,8 +241,8 @@ def _build_xnnpack(model_dir: Path, tokenizer, corpus, settings: Settings, scrat
     from .phone import graph, xnnpack_8da4w
     from .phone.parity import Parity
     from .prompts import fixed_prompt_ids
-    from .quant import calibration
-    from .quant.evaluate import common_prefix
+    from . import calibration
+    from .gptq.evaluate import common_prefix
 
     x = settings.xnnpack
     ids = calibration.evaluation_set(tokenizer, corpus, 1, x.check_tokens)[0]

@@ -149,7 +149,7 @@ def run(path_name: str, artifact: str | os.PathLike, model_dir: str | os.PathLik
     from transformers import AutoTokenizer
 
     from .prompts import fixed_prompt_ids
-    from .quant import calibration
+    from . import calibration
 
     tokenizer = AutoTokenizer.from_pretrained(artifact, local_files_only=True)
     sequences = engine_check.check_sequences(tokenizer, calibration.load_corpus(corpus, list(holdout)))

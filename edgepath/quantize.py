@@ -6,10 +6,10 @@ Lifecycle of ``run(model_dir, path, out, settings)``:
    corrupt or truncated checkpoint or missing tokenizer (``hf_model.inspect``),
    shapes no group size fits (the path's ``group_rule``, layer named), a
    calibration corpus too short or a chat template missing.
-2. Calibrate: draw the token windows (``quant.calibration``).
-3. Quantize layer by layer (``quant.sequential``: GPTQ with the per-group
+2. Calibrate: draw the token windows (``calibration``).
+3. Quantize layer by layer (``gptq.sequential``: GPTQ with the per-group
    output-error scale search), the output head too when ``head: int4``.
-4. Pack into the path's format (``quant.gptq_format``, ``quant.cpu_int4_format``), copy config,
+4. Pack into the path's format (``gptq.gptq_format``, ``gptq.cpu_int4_format``), copy config,
    tokenizer and chat template, measure held-out perplexity against the
    unquantized model, and write ``quantization_report.json`` beside the
    weights.
@@ -26,7 +26,7 @@ quantize) shares steps 1-3 and the report; they differ in what their record
 names: the grid (``w4a8-amx``: symmetric GPTQ with the scale search, for
 vLLM's GPTQ kernels; ``w4a16-tinygemm``: GPTQ on an asymmetric min/max grid,
 for tinygemm through edgepath's vLLM plugin), the group-size rule, and step 4's
-packing (the checkpoint format's class, ``quant.layer_format``).
+packing (the checkpoint format's class, ``gptq.layer_format``).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ REPORT_NAME = records.FILE_NAMES["quantization"]
 WEIGHTS_NAME = "model.safetensors"
 HEADS = ("int4", "bf16")
 SEARCH_NAMES = ("output-error", "weight-mse", "none")
-"""``quant.gptq.SEARCHES``'s keys, here so that settings are checked without torch."""
+"""``gptq.gptq.SEARCHES``'s keys, here so that settings are checked without torch."""
 OVERRIDES = {"samples": ("calibration", "samples"), "length": ("calibration", "length"),
              "search": ("quantize", "gptq", "search"), "head": ("quantize", "head")}
 """The settings ``edgepath quantize`` takes as flags too: flag -> its key in params.yaml."""
@@ -62,12 +62,7 @@ class Settings:
     documents the keys)."""
 
     head: str = "int4"
-    corpus: str = "austen"
-    holdout: tuple[str, ...] = ("persuasion",)
-    samples: int = 128
-    length: int = 256
-    chat_fraction: float = 0.25
-    seed: int = 0
+    calibration: Calibration = Calibration()
     search: str = "output-error"
     damp: float = 0.05
     group_order: bool = True
@@ -98,7 +93,7 @@ class Settings:
             target[key] = value
         quantize = check_namespace("quantize", quantize, where)
         shared = Calibration.from_params(calibration, where)
-        flat: dict[str, Any] = {**dataclasses.asdict(shared), **(quantize.get("gptq") or {}),
+        flat: dict[str, Any] = {"calibration": shared, **(quantize.get("gptq") or {}),
                                 **{f"eval_{k}": v for k, v in (quantize.get("eval") or {}).items()}}
         if "head" in quantize:
             flat["head"] = quantize["head"]
@@ -107,7 +102,7 @@ class Settings:
 
 def _pack(spec: WeightPathSpec, prefix: str, q) -> dict[str, Any]:
     """State-dict entries of the quantized layer ``q`` (a ``QuantizedLayer``) in the path's format."""
-    from .quant import layer_format
+    from .gptq import layer_format
 
     fields = (q.codes, q.scales) if spec.grid is Grid.SYMMETRIC else (q.codes, q.scales, q.offsets)
     return layer_format(spec.checkpoint_format).pack(*fields).tensors(prefix)
@@ -129,7 +124,7 @@ def _versions() -> dict[str, str]:
 
 
 def _tensor_report(name: str, weight, q) -> dict[str, Any]:
-    from .quant.gptq import snr_db
+    from .gptq.gptq import snr_db
 
     ratios = q.ratios.flatten()
     scales = q.scales.flatten()
@@ -150,7 +145,7 @@ def _quantization_config(spec: WeightPathSpec, group: int, settings: Settings) -
               "true_sequential": True, "lm_head": settings.head == "int4", "damp_percent": settings.damp}
     if spec.checkpoint_format == "gptq":
         return {**common, "desc_act": False, "static_groups": False, "checkpoint_format": "gptq"}
-    from .quant.cpu_int4_format import FORMAT_VERSION
+    from .gptq.cpu_int4_format import FORMAT_VERSION
 
     return {**common, "format_version": FORMAT_VERSION}
 
@@ -174,16 +169,16 @@ def run(model_dir: str | Path, path: str, out: str | Path, settings: Settings = 
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .quant import calibration
-    from .quant.evaluate import perplexity
-    from .quant.gptq import MINMAX, SEARCHES
-    from .quant.sequential import quantize_model
+    from . import calibration
+    from .gptq.evaluate import perplexity
+    from .gptq.gptq import MINMAX, SEARCHES
+    from .gptq.sequential import quantize_model
 
     started = time.monotonic()
     tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
-    corpus = calibration.load_corpus(settings.corpus, list(settings.holdout))
-    calib = calibration.calibration_set(tokenizer, corpus, settings.samples, settings.length,
-                                        settings.chat_fraction, settings.seed)
+    text = settings.calibration
+    corpus = calibration.load_corpus(text.corpus, list(text.holdout))
+    calib = calibration.calibration_set(tokenizer, corpus, text.samples, text.length, text.chat_fraction, text.seed)
     eval_windows = (calibration.evaluation_set(tokenizer, corpus, settings.eval_windows, settings.eval_length)
                     if settings.eval_windows else None)
     check_sequences = engine_check.check_sequences(tokenizer, corpus)

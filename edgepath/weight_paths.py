@@ -13,7 +13,7 @@ field of its ``WeightPathSpec`` below, and every stage reads it from here:
 - export: the paths it builds (``built_by`` is ``Stage.EXPORT``);
 - benchmark and manifest: the engine and the stage that built the artifact.
 
-Adding a path is a record here, its format class (``edgepath/quant/`` for a
+Adding a path is a record here, its format class (``edgepath/gptq/`` for a
 checkpoint, ``edgepath/phone/`` for a program), and its tests. Plain Python:
 no engine is imported.
 """
@@ -122,7 +122,7 @@ class WeightPathSpec:
     """A group size the format fixes, whatever the model."""
     grid: Grid | None = None
     checkpoint_format: str | None = None
-    """``quantization_config.quant_method`` of the checkpoint (its class: ``quant.layer_format``)."""
+    """``quantization_config.quant_method`` of the checkpoint (its class: ``gptq.layer_format``)."""
     checkpoint_layout: str | None = None
     """The checkpoint's layout in a phrase, for the quantization report."""
     engine_kwargs: tuple[tuple[str, Any], ...] = ()
@@ -228,7 +228,7 @@ PATHS: Mapping[str, WeightPathSpec] = {p.name: p for p in (
         weight_bits=4, group_overhead_bits=16 + 16,  # bf16 scale + bf16 offset per group and column
         group_rule=TINYGEMM_CPU, grid=Grid.ASYMMETRIC, checkpoint_format="cpu_int4",
         checkpoint_layout=("cpu_int4 v1, asymmetric int4: uint8 nibbles [N, K/2], bf16 scales and offsets "
-                           "[N, K/g] (edgepath/quant/cpu_int4_format.py)"),
+                           "[N, K/g] (edgepath/gptq/cpu_int4_format.py)"),
         engine_kwargs=(("quantization", "cpu_int4"),),
         engine_env=(("VLLM_CPU_INT4_W4A8", "0"),),
         notes=("the cpu_int4 quantization method is registered by edgepath's vLLM plugin",),

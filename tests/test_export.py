@@ -89,7 +89,7 @@ def test_qnn_program_is_quantized_w8a16_and_is_the_program_measured(exported, ra
     """The saved program has int8 per-channel weights and 16-bit activations, holds no
     fp32 copy of the weights, and reproduces the parity its record states."""
     from edgepath.phone import graph, qnn_w8a16
-    from edgepath.quant import calibration
+    from edgepath import calibration
 
     d = exported["w8a16-qnn"]
     program = qnn_w8a16.load(d / "program.pt2")

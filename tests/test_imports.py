@@ -138,8 +138,8 @@ def test_the_graph_reader_sees_every_kind_of_import():
     # inside a function, relative with a submodule: ``from .engines.vllm_cpu import ...`` in engine_check.check
     assert "edgepath.engines.vllm_cpu" in graph["edgepath.engine_check"]
     assert "edgepath.engines" in graph["edgepath.engine_check"]
-    # two levels up: ``from ..errors import EdgepathError`` in quant/__init__
-    assert "edgepath.errors" in graph["edgepath.quant"]
+    # two levels up: ``from ..errors import EdgepathError`` in gptq/__init__
+    assert "edgepath.errors" in graph["edgepath.gptq"]
     # a package's own submodule from its __init__: ``from . import compile_cache, head_gate``
     assert {"edgepath.vllm_plugin.compile_cache", "edgepath.vllm_plugin.head_gate"} <= graph["edgepath.vllm_plugin"]
 

@@ -120,10 +120,10 @@ def test_every_stage_reads_the_shipped_params_as_its_defaults():
 def test_quantize_flags_override_params_and_are_checked_like_them():
     settings = quantize.Settings.from_params({"head": "int4", "gptq": {"damp": 0.1}}, {"samples": 64},
                                              samples=8, length=32, search="none", head="bf16")
-    assert (settings.samples, settings.length, settings.search, settings.head, settings.damp) == (8, 32, "none",
-                                                                                                   "bf16", 0.1)
+    assert (settings.calibration.samples, settings.calibration.length, settings.search, settings.head,
+            settings.damp) == (8, 32, "none", "bf16", 0.1)
     unchanged = quantize.Settings.from_params({}, {"samples": 64}, samples=None, search=None)
-    assert (unchanged.samples, unchanged.search) == (64, "output-error")
+    assert (unchanged.calibration.samples, unchanged.search) == (64, "output-error")
     with pytest.raises(EdgepathError, match=r"^flags: quantize\.gptq\.search: 'magic' is not one of"):
         quantize.Settings.from_params({}, {}, where="flags", search="magic")
     with pytest.raises(EdgepathError, match=r"calibration\.samples: 0 is less than the minimum of 1"):
@@ -145,9 +145,8 @@ def test_the_schema_names_every_setting_a_stage_has():
     assert set(_properties("export", "qnn")["properties"]) == {f.name for f in dataclasses.fields(export.QnnSettings)}
     assert set(_properties("export", "xnnpack")["properties"]) == {
         f.name for f in dataclasses.fields(export.XnnpackSettings)}
-    quantize_keys = ({"head"} | set(_properties("quantize", "gptq")["properties"])
-                     | {f"eval_{k}" for k in _properties("quantize", "eval")["properties"]}
-                     | set(_properties("calibration")["properties"]))
+    quantize_keys = ({"head", "calibration"} | set(_properties("quantize", "gptq")["properties"])
+                     | {f"eval_{k}" for k in _properties("quantize", "eval")["properties"]})
     assert quantize_keys == {f.name for f in dataclasses.fields(quantize.Settings)}
 
 

@@ -14,7 +14,7 @@ from safetensors import safe_open
 from edgepath import records
 from edgepath.engines import worker
 from edgepath.errors import EdgepathError
-from edgepath.quant.cpu_int4_format import CpuInt4
+from edgepath.gptq.cpu_int4_format import CpuInt4
 
 from .conftest import edgepath_command, write_tiny_llama
 

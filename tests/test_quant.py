@@ -8,11 +8,11 @@ import torch
 
 from edgepath import quantize
 from edgepath.errors import EdgepathError
-from edgepath.quant import calibration
-from edgepath.quant.cpu_int4_format import CpuInt4
-from edgepath.quant.gptq import (MINMAX, SEARCHES, HessianAccumulator, group_aware_order, quantize_layer,
+from edgepath import calibration
+from edgepath.gptq.cpu_int4_format import CpuInt4
+from edgepath.gptq.gptq import (MINMAX, SEARCHES, HessianAccumulator, group_aware_order, quantize_layer,
                                  representable_scales)
-from edgepath.quant.gptq_format import GptqV1Int4
+from edgepath.gptq.gptq_format import GptqV1Int4
 
 from .conftest import write_tiny_llama
 
@@ -157,7 +157,7 @@ def test_settings_read_the_shipped_params():
 
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     settings = quantize.Settings.from_params(params["quantize"], params["calibration"])
-    assert settings.search == "output-error" and settings.holdout == ("persuasion",)
+    assert settings.search == "output-error" and settings.calibration.holdout == ("persuasion",)
 
 
 @pytest.fixture(scope="module")

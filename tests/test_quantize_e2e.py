@@ -11,7 +11,7 @@ import torch
 from safetensors import safe_open
 
 from edgepath import records
-from edgepath.quant.gptq_format import GptqV1Int4
+from edgepath.gptq.gptq_format import GptqV1Int4
 
 from .conftest import edgepath_command
 

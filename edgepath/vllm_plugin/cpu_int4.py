@@ -3,7 +3,7 @@
 Lifecycle, per linear layer (and the output head when ``lm_head: true``):
 
 1. ``CpuInt4Config.from_config`` reads ``quantization_config`` from the
-   checkpoint's ``config.json`` (``edgepath.quant.cpu_int4_format`` documents the
+   checkpoint's ``config.json`` (``edgepath.gptq.cpu_int4_format`` documents the
    format) and refuses a format version, bit width or group size it cannot run.
 2. ``CpuInt4LinearMethod.create_weights`` checks the layer's shape against
    tinygemm's rules (output size a multiple of 16, input size a multiple of the
@@ -26,7 +26,7 @@ from vllm.model_executor.layers.quantization.base_config import QuantizationConf
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, UnquantizedEmbeddingMethod
 from vllm.model_executor.parameter import GroupQuantScaleParameter, PackedvLLMParameter
 
-from ..quant import cpu_int4_format as fmt
+from ..gptq import cpu_int4_format as fmt
 from . import ops  # noqa: F401  registers edgepath::int4_mm
 
 KERNEL_OP = "edgepath::int4_mm"

@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from .. import corpus as corpora
-from ..errors import EdgepathError
+from . import corpus as corpora
+from .errors import EdgepathError
 
 AUSTEN = "austen"
 

@@ -1,5 +1,8 @@
-"""4-bit weight quantization: calibration, the GPTQ core with its scale search,
-and the on-disk formats the CPU kernels read. One module per concern."""
+"""GPTQ and the checkpoints it writes: the GPTQ core with its per-group scale search
+(``gptq``), the layer-by-layer driver (``sequential``), held-out perplexity
+(``evaluate``), and one class per on-disk format the CPU kernels read
+(``gptq_format``, ``cpu_int4_format``). One module per concern; the quantize stage
+(``edgepath.quantize``) runs them, on calibration windows from ``edgepath.calibration``."""
 
 
 def layer_format(quant_method: str):
