@@ -8,9 +8,9 @@ Lifecycle of ``run(...)``:
    (Q4_K_M, Q4_0, F16). A path this host cannot run is "not measured here",
    with the reason. The stage knows paths, not targets: which target a
    measurement stands for is the manifest's decision (``manifest.measurement``
-   by ``coverage.stands_for``: same kernel ISA tier as this host, or a record imported from a host of the
-   target's kind, with its provenance), so changing the fleet re-runs no
-   benchmark. Nothing is ever copied from a figure that was not measured.
+   by ``coverage.stands_for``: same kernel ISA tier as this host, or a record
+   imported from a host of the target's kind, with its provenance), so changing
+   the fleet re-runs no benchmark. Nothing is ever copied from a figure that was not measured.
 2. Starts. Each arm's engine starts in a fresh worker process
    (``engines.worker``) twice: cold on an empty compile-cache directory of its
    own, then warm on the same directory; the warm worker stays up. A start is

@@ -247,16 +247,17 @@ def measurement(selection: dict[str, Any], record: dict[str, Any],
     host that does (``imported``: (file, record) pairs), or not measured here, with
     why. Arms carry the provenance of the run they came from."""
     path, summary = selection["path"], selection["profile"]["summary"]
-    if summary["accelerator"] != "none":
-        return "not measured here", None, f"the target runs on its {summary['accelerator']}, which this host lacks"
+    host = record["host"]["summary"]
+    elsewhere = coverage.stands_for(host, summary)
+    if summary["accelerator"] != "none":  # no CPU benchmark stands for it, here or imported
+        return "not measured here", None, elsewhere
     if not (path["runs_in_vllm"] and path["quantization"]):
         return "not measured here", None, f"{path['name']} is not a vLLM CPU build"
 
     def arm_of(r: dict[str, Any]) -> dict[str, Any] | None:
         return next((a for a in r["arms"] if a["role"] == "build" and a["name"] == path["name"]), None)
 
-    host = record["host"]["summary"]
-    arm, elsewhere = arm_of(record), coverage.stands_for(host, summary)
+    arm = arm_of(record)
     if arm is not None and elsewhere is None:
         return "measured", {**arm, "provenance": _provenance(None, record)}, \
             f"{path['name']} measured on this host, whose CPU runs the target's kernels ({host['kernel_isa']})"
