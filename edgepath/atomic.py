@@ -24,9 +24,13 @@ def _umask() -> int:
 
 def write_text(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` to ``path`` through a temp file, fsync and rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    path = Path(os.path.abspath(path))
+    created = _make_parents(path)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except BaseException:
+        _remove_created(created)
+        raise
     try:
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; outputs are ordinary files
         with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -37,6 +41,7 @@ def write_text(path: str | os.PathLike, text: str) -> None:
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        _remove_created(created)
         raise
 
 
@@ -47,8 +52,8 @@ def directory(path: str | os.PathLike) -> Iterator[Path]:
     the scratch directory is removed. A kill (SIGKILL, OOM) leaves it under a
     dot-name; the next write of ``path`` removes it, so a folder that holds
     ``path`` (a stage's dependency) holds no partial output for long."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = Path(os.path.abspath(path))
+    created = _make_parents(path)
     for stale in [*path.parent.glob(f".{glob.escape(path.name)}.*.tmp"),
                   *path.parent.glob(f".{glob.escape(path.name)}.*.old")]:
         shutil.rmtree(stale, ignore_errors=True)
@@ -65,4 +70,19 @@ def directory(path: str | os.PathLike) -> Iterator[Path]:
             os.rename(scratch, path)
     except BaseException:
         shutil.rmtree(scratch, ignore_errors=True)
+        _remove_created(created)
         raise
+
+
+def _make_parents(path: Path) -> Path | None:
+    """Create ``path``'s missing parent directories; the topmost one created, if any,
+    so that a failed write can take them away again."""
+    missing = [p for p in path.parents if not p.exists()]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return missing[-1] if missing else None
+
+
+def _remove_created(top: Path | None) -> None:
+    """Remove the directories ``_make_parents`` created (they hold nothing else)."""
+    if top is not None:
+        shutil.rmtree(top, ignore_errors=True)

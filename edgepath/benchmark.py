@@ -51,7 +51,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from . import atomic, records, weight_paths
+from . import records, weight_paths
 from .command import Command
 from .engines.worker import EngineProcess
 from .engines.worker import command as worker_command
@@ -471,6 +471,8 @@ def run(paths: list[str], model_record_path: str | os.PathLike, weights_dir: str
     started = time.monotonic()
     model_record = records.read(model_record_path, "model")
     model_dir = records.model_directory(model_record_path, model_record)
+    sources = [model_record_path, model_dir, weights_dir, verify_dir, control_dir]
+    records.check_output_directory(out, RECORD_KIND, sources)  # before minutes of measuring
     control_dir = Path(control_dir)
     control = None
     if (control_dir / "control.json").is_file():
@@ -521,7 +523,7 @@ def run(paths: list[str], model_record_path: str | os.PathLike, weights_dir: str
         "paths": states,
         "wall_time_s": round(time.monotonic() - started, 1),
     }
-    with atomic.directory(out) as scratch:
+    with records.output_directory(out, RECORD_KIND, sources) as scratch:
         records.write(scratch / RECORD_NAME, RECORD_KIND, record)
         for name, content in plots_and_metrics(record).items():
             (scratch / name).write_text(content)
@@ -553,7 +555,7 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weights", default="build/weights", help="where quantize@<path> wrote its checkpoints")
     p.add_argument("--verify", default="build/verify", help="where patch-verify@<path> wrote its records")
     p.add_argument("--control", default="build/control", help="where the control stage wrote its GGUFs")
-    p.add_argument("--out", required=True, help="output directory (replaced atomically)")
+    p.add_argument("--out", required=True, help="output directory (replaced atomically; only an earlier benchmark)")
 
 
 COMMAND = Command("benchmark", "measure every build that runs here against its controls", """\

@@ -16,12 +16,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import random
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from . import corpus as corpora
+from . import files
 from .errors import EdgepathError
 
 AUSTEN = "austen"
@@ -40,15 +40,17 @@ class Corpus:
 
 def load_corpus(source: str, holdout: list[str]) -> Corpus:
     """``source``: ``"austen"`` or a directory of ``.txt`` files (document name = file
-    stem). ``holdout``: document names kept out of calibration for evaluation."""
+    stem), each read as ``files.read_text`` reads (a regular UTF-8 file within its size
+    limit, else refused by name). ``holdout``: document names kept out of calibration
+    for evaluation."""
     if source == AUSTEN:
         documents = corpora.austen_novels()
     else:
-        root = Path(source)
-        files = sorted(root.glob("*.txt")) if root.is_dir() else []
-        if not files:
+        root = files.path_of(source, "calibration corpus")
+        texts = sorted(root.glob("*.txt")) if root.is_dir() else []
+        if not texts:
             raise EdgepathError(f"calibration corpus {source}: not a directory of .txt files")
-        documents = {f.stem: f.read_text(encoding="utf-8") for f in files}
+        documents = {f.stem: files.read_text(f) for f in texts}
     unknown = sorted(set(holdout) - set(documents))
     if unknown:
         raise EdgepathError(f"calibration corpus {source}: held-out documents {unknown} are not in it "

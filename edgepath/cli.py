@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import argparse
 
-from . import (__version__, benchmark, bundle, command, container, control, engine_check, export, images, manifest,
-               model, patch_verify, probe, pull, quantize, release, select)
+from . import (__version__, benchmark, bundle, command, container, control, engine_check, export, fleet, images,
+               manifest, model, patch_verify, probe, pull, quantize, release, select)
 
 _DESCRIPTION = """\
 edgepath builds, for every device of a fleet, the fastest faithful build of one
@@ -19,7 +19,7 @@ language model it can run, and a manifest that says which weight path each
 device gets and why. `dvc repro` runs the stages below for every target in
 params.yaml; each stage is also a command of its own."""
 
-STAGES = (model.COMMAND, probe.COMMAND, select.COMMAND, quantize.COMMAND, engine_check.COMMAND,
+STAGES = (fleet.COMMAND, model.COMMAND, probe.COMMAND, select.COMMAND, quantize.COMMAND, engine_check.COMMAND,
           patch_verify.COMMAND, control.COMMAND, export.COMMAND, benchmark.COMMAND, manifest.COMMAND,
           bundle.COMMAND)
 """The pipeline's commands, in pipeline order: `edgepath run` runs any of them."""

@@ -3,7 +3,7 @@
 Every stage module ends with a ``COMMAND`` (a ``Command``); ``edgepath.cli`` only
 composes them under ``edgepath <name>``, and a stage's DVC entry point
 (``stages/<name>.py``) runs its own module's ``COMMAND`` with ``run``, importing
-nothing else. This module is deliberately light: argparse and the error type.
+nothing else. This module is deliberately light: argparse and the standard library.
 """
 
 from __future__ import annotations
@@ -12,10 +12,9 @@ import argparse
 import dataclasses
 import sys
 import textwrap
+import unicodedata
 from collections.abc import Callable, Sequence
 from typing import Any
-
-from .errors import EdgepathError
 
 PROG = "edgepath"
 
@@ -71,13 +70,49 @@ def formatter(prog: str) -> argparse.HelpFormatter:
 
 def call(name: str, args: argparse.Namespace) -> int:
     """Run parsed ``args`` (their ``handler``): 0, or 2 with one line on stderr,
-    ``edgepath <name>: error: ...``, where the handler refused with an ``EdgepathError``."""
+    ``edgepath <name>: error: ...``, where the handler refused (``EdgepathError``) or
+    met an expected failure (an OS error, undecodable input: ``files.describe``); 130
+    on Ctrl-C. Anything else is a bug and keeps its traceback."""
     try:
         args.handler(args)
-    except EdgepathError as e:
-        print(f"{PROG} {name}: error: {e}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print(f"{PROG} {name}: interrupted; outputs are written atomically, so none is half-written",
+              file=sys.stderr)
+        return 130
+    except Exception as e:
+        from .files import describe
+
+        line = describe(e)
+        if line is None:
+            raise
+        print(f"{PROG} {name}: error: {printable(line)}", file=sys.stderr)
         return 2
     return 0
+
+
+# What ``printable`` escapes: controls (C0 with ESC, CR and newline; DEL; C1), format
+# characters (bidi overrides and isolates, zero-width marks) and line/paragraph separators.
+_UNPRINTABLE = frozenset(("Cc", "Cf", "Zl", "Zp"))
+
+
+def printable(value: Any) -> Any:
+    """``value`` (a string, or a record's lists and objects of them) with every
+    character that would act on a terminal rather than show written as an escape
+    (``\\x1b``, ``\\u202e``): what edgepath prints from a file (a manifest's text, an
+    error naming a key) cannot move the cursor, recolour, clear the screen, reorder the
+    text or break one line into several."""
+    if isinstance(value, str):
+        return "".join(_escape(c) if unicodedata.category(c) in _UNPRINTABLE else c for c in value)
+    if isinstance(value, dict):
+        return {printable(k): printable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(printable(v) for v in value)
+    return value
+
+
+def _escape(char: str) -> str:
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 def run(command: Command, argv: Sequence[str] | None = None) -> int:
@@ -88,7 +123,7 @@ def run(command: Command, argv: Sequence[str] | None = None) -> int:
 def emit(text: str, out: str | None, name: str, record: dict[str, Any]) -> None:
     """Write ``record`` (a record of kind ``name``) to ``out``, or print ``text`` where
     no ``--out`` was given."""
-    if out:
+    if out is not None:
         from . import records
 
         records.write(out, name, record)

@@ -25,7 +25,7 @@ import os
 import sys
 from typing import Any
 
-from . import atomic, records
+from . import records
 from .command import Command
 from .errors import EdgepathError
 from .hf_model import sha256_file
@@ -53,7 +53,7 @@ def run(model_record_path: str | os.PathLike, out: str | os.PathLike, types: lis
     model_record = records.read(model_record_path, "model")
     model_dir = records.model_directory(model_record_path, model_record)
     files = []
-    with atomic.directory(out) as scratch:
+    with records.output_directory(out, RECORD_KIND, sources=[model_dir, model_record_path]) as scratch:
         source = scratch / gguf_name(SOURCE_TYPE)
         print(f"control: converting {model_dir} to {SOURCE_TYPE} GGUF", file=sys.stderr, flush=True)
         convert_to_gguf(model_dir, source)
@@ -98,7 +98,8 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--params", default="params.yaml", help="control.types comes from here")
     p.add_argument("--types", nargs="+", help="llama.cpp types to make (default: control.types)")
     p.add_argument("--threads", type=int, default=0, help="quantizer threads (default: all cores)")
-    p.add_argument("--out", required=True, help="output directory (replaced atomically)")
+    p.add_argument("--out", required=True,
+                   help="output directory (replaced atomically; only an earlier control output)")
 
 
 COMMAND = Command("control", "the model as llama.cpp GGUF files (the benchmark's control)", """\

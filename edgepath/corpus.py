@@ -27,6 +27,7 @@ database or object rdata cannot read is refused, naming the file.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import struct
 import sys
@@ -34,6 +35,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+from . import files
 from .errors import EdgepathError
 
 NOVELS = ("emma", "mansfieldpark", "northangerabbey", "persuasion", "prideprejudice",
@@ -47,10 +49,10 @@ def read_lazyload_db(base: Path) -> dict[str, Any]:
     import rdata
 
     rdx, rdb = base.with_suffix(".rdx"), base.with_suffix(".rdb")
+    index_bytes, blob = files.read_bytes(rdx), files.read_bytes(rdb)  # regular files, bounded
     try:
-        index = rdata.read_rds(rdx)
+        index = rdata.read_rds(io.BytesIO(index_bytes))
         variables, compressed = index["variables"], index.get("compressed")
-        blob = rdb.read_bytes()
     except Exception as e:  # rdata's parse errors are ValueError, IndexError, NotImplementedError, ...
         raise EdgepathError(f"{rdx}: not a readable R lazy-load database ({type(e).__name__}: {e})") from None
     if compressed is None or list(compressed) != [True]:

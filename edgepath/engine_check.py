@@ -36,11 +36,10 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import json
 from pathlib import Path
 from typing import Any
 
-from . import coverage, records
+from . import coverage, files, records
 from .command import Command, emit
 from .errors import EdgepathError
 from .weight_paths import vllm_kernel
@@ -49,6 +48,18 @@ CHECK_NAME = records.FILE_NAMES["engine_check"]
 # Teacher-forced text: 8 x 128 held-out tokens (1016 scored positions) put the W4A8
 # agreement at 0.86 on SmolLM2 (measured here), well clear of the threshold.
 CHECK_WINDOWS, CHECK_LENGTH = 8, 128
+
+
+def quant_method(checkpoint: str | Path) -> str:
+    """The ``quantization_config.quant_method`` of the checkpoint directory's
+    config.json; a directory that is not a quantized checkpoint is refused by name."""
+    path = Path(checkpoint) / "config.json"
+    config = files.read_json(path, missing="not a checkpoint directory (has quantize run?)")
+    settings = config.get("quantization_config")
+    method = settings.get("quant_method") if isinstance(settings, dict) else None
+    if not isinstance(method, str):
+        raise EdgepathError(f"{path}: no quantization_config.quant_method string: not a quantized checkpoint")
+    return method
 
 
 def check_sequences(tokenizer, corpus) -> list[list[int]]:
@@ -85,7 +96,7 @@ def dequantized_reference(checkpoint: Path, base_model: Path):
 
     from .gptq import layer_format
 
-    method = json.loads((checkpoint / "config.json").read_text())["quantization_config"]["quant_method"]
+    method = quant_method(checkpoint)
     layer = layer_format(method)
     tensors = {}
     for f in sorted(checkpoint.glob("*.safetensors")):
@@ -204,7 +215,7 @@ def check(checkpoint: str | Path, base_model: str | Path, sequences: list[list[i
     from .prompts import fixed_prompt_ids
 
     checkpoint, base_model = Path(checkpoint), Path(base_model)
-    method = json.loads((checkpoint / "config.json").read_text())["quantization_config"]["quant_method"]
+    method = quant_method(checkpoint)
     head = header(method, w4a8)
     reason = unavailable(method, w4a8)
     if reason is not None:
@@ -233,8 +244,13 @@ def _cmd(args: argparse.Namespace) -> None:
 
     from . import calibration
 
+    # every argument is read before anything loads: a wrong one is one line, not a model's or an engine's failure
+    vllm_kernel(quant_method(files.path_of(args.checkpoint, "--checkpoint")), args.mode == "w4a8")
+    files.read_json(files.path_of(args.model, "--model") / "config.json",
+                    missing="--model: not a Hugging Face model directory")
+    corpus = calibration.load_corpus(args.corpus, [args.holdout])
     tokenizer = AutoTokenizer.from_pretrained(args.checkpoint, local_files_only=True)
-    sequences = check_sequences(tokenizer, calibration.load_corpus(args.corpus, [args.holdout]))
+    sequences = check_sequences(tokenizer, corpus)
     checked = check(args.checkpoint, args.model, sequences, w4a8=args.mode == "w4a8",
                     reference_checkpoint=args.reference_from)
     record = {**records.envelope("engine_check"), **checked}

@@ -26,9 +26,11 @@ Lifecycle of ``run(path, model_dir, out, settings)``:
    XNNPACK program that disagrees with its eager model (``export.xnnpack.min_top1``),
    is refused. An export without a calibration record and a parity figure is
    never written: the record's schema requires both.
-4. Write atomically (``atomic.directory``): the program(s), the tokenizer, chat
-   template and generation settings the app needs with it, and ``export.json``
-   (schema ``export`` v1). An interrupted or refused run leaves ``out`` as it was.
+4. Write atomically (``records.output_directory``): the program(s), the tokenizer,
+   chat template and generation settings the app needs with it, and ``export.json``
+   (schema ``export`` v1). An interrupted or refused run leaves ``out`` as it was;
+   ``out`` replaces only an earlier export (never the model directory or a folder
+   of anything else).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import __version__, atomic, hf_model, records, weight_paths
+from . import __version__, files, hf_model, records, weight_paths
 from .command import Command
 from .errors import EdgepathError
 from .fleet import Calibration, check_namespace, namespace
@@ -156,7 +158,8 @@ def check_path(path: str, settings: Settings, info: dict[str, Any]) -> None:
 
 def run(path: str, model_dir: str | Path, out: str | Path, settings: Settings = Settings()) -> dict[str, Any]:
     """Build ``out`` for ``path`` (module docstring); returns the record written there."""
-    model_dir, out = Path(model_dir), Path(out)
+    model_dir, out = Path(model_dir), files.path_of(out, "--out")
+    records.check_output_directory(out, "export", sources=[model_dir])  # before minutes of lowering
     info = hf_model.inspect(model_dir, with_file_digests=False)
     check_path(path, settings, info)
 
@@ -168,7 +171,7 @@ def run(path: str, model_dir: str | Path, out: str | Path, settings: Settings = 
     tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     corpus = calibration.load_corpus(settings.corpus, list(settings.holdout))
     build = _build_qnn if path == QNN else _build_xnnpack
-    with atomic.directory(out) as scratch:
+    with records.output_directory(out, "export", sources=[model_dir]) as scratch:
         sections = build(model_dir, tokenizer, corpus, settings, scratch)
         for name in [*info["tokenizer_files"], *_SIDE_FILES]:
             if (model_dir / name).is_file():
@@ -339,7 +342,7 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--path", required=True, help="w8a16-qnn or w4a8-xnnpack")
     p.add_argument("--model", default="build/model/model.json", help="the model record, or a Hugging Face directory")
     p.add_argument("--params", default="params.yaml", help="export settings and calibration's corpus")
-    p.add_argument("--out", required=True, help="output directory (replaced atomically)")
+    p.add_argument("--out", required=True, help="output directory (replaced atomically; only an earlier export)")
 
 
 COMMAND = Command("export", "a phone's build: an ExecuTorch program", """\

@@ -5,28 +5,44 @@ namespace, every key, its type and range. ``load`` checks the whole file against
 ``namespace`` checks the one namespace a stage reads (a stage that needs no fleet
 reads no fleet). A file that does not conform is refused with one line naming the
 file and the key path, e.g. ``params.yaml: quantize.gptq.damp: 'x' is not of type
-'number'``. What a schema cannot say is checked here: a target's profile file exists.
+'number'``. The file is read as ``files.read_yaml`` reads YAML: a regular file of UTF-8
+text, no key twice, every key a string as written (a tag ``on`` stays ``'on'``, and is
+refused as a tag). What a schema cannot say is checked here: a target's profile file
+exists inside the repository (the params file's directory), where DVC can track it.
 
 ``targets`` is a mapping keyed by device tag (DVC then names stages
-``select@<tag>``, stable when targets are added or reordered). Every target has:
+``select@<tag>``, stable when targets are added or reordered). A tag has one pattern,
+the selection record schema's ``tag`` definition (the ``targets`` keys ``$ref`` it):
+it names DVC stages, image tags, DVC artifacts and git tags, and it reaches the shell
+of DVC's stage commands, so ``check_tag`` refuses anything else wherever a tag
+arrives (``--target``). Every target has:
 
 - ``profile``: ``probe`` (probe the build host) or a path to a captured profile JSON;
 - ``priority``: ``speed`` or ``fidelity``;
 - ``platform``: the container platform its stages run on (``linux/amd64``,
-  ``linux/arm64``) or ``auto`` (from the probed architecture).
+  ``linux/arm64``) or ``auto``: the one its kind of device runs on
+  (``PLATFORM_OF_DEVICE``; ``check_platform`` refuses any other).
 
 ``calibration`` is the real text that quantize and export calibrate on and that
 quantize, patch-verify and benchmark score on (``Calibration``).
+
+``edgepath params`` (``COMMAND``, the pipeline's first stage) checks the whole file
+before any stage whose command DVC builds from its values can run.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import os
+import re
 from collections.abc import Mapping
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
-from . import records, weight_paths
+from . import files, records, weight_paths
+from .command import Command
+from .coverage import DeviceClass, device_class
 from .errors import EdgepathError
 from .weight_paths import Stage
 
@@ -35,7 +51,31 @@ SCHEMA = "params"
 PROBE = "probe"
 PLATFORMS = ("linux/amd64", "linux/arm64")
 AUTO = "auto"
-PLATFORM_OF_ARCH = {"x86_64": "linux/amd64", "aarch64": "linux/arm64"}
+# The one platform a device's stages run on, by kind of device (coverage.device_class),
+# for ``select`` and ``images`` alike: a CPU's vLLM build runs native to that CPU; a GPU's
+# runs in vLLM's CUDA image, built for linux/amd64 only; a phone's build is an export,
+# made by a toolchain for linux/amd64 only (Qualcomm's QNN SDK ships x86-64 host tools
+# only). images.IMAGES builds each device's image for this platform (tests/test_images.py).
+PLATFORM_OF_DEVICE = {DeviceClass.X86_CPU: "linux/amd64", DeviceClass.ARM_CPU: "linux/arm64",
+                      DeviceClass.GPU: "linux/amd64", DeviceClass.PHONE: "linux/amd64"}
+_WHY_PLATFORM = {DeviceClass.X86_CPU: "runs on the device's x86_64 CPU",
+                 DeviceClass.ARM_CPU: "runs on the device's aarch64 CPU",
+                 DeviceClass.GPU: "runs in vLLM's CUDA image, built for linux/amd64 only",
+                 DeviceClass.PHONE: "is an export, made by a toolchain for linux/amd64 only"}
+
+
+def _tag_schema() -> dict[str, Any]:
+    return records.schema("selection")["$defs"]["tag"]
+
+
+def check_tag(tag: Any, what: str = "device tag") -> str:
+    """``tag`` where it is a device tag (the one pattern: the selection record schema's
+    ``tag``, which params.yaml's ``targets`` keys also follow); otherwise refused, one
+    line naming ``what`` (``--target``, say) and the rule."""
+    schema = _tag_schema()
+    if not (isinstance(tag, str) and re.search(schema["pattern"], tag)):
+        raise EdgepathError(f"{what}: {tag!r} is not a device tag ({schema['hint']})")
+    return tag
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,25 +85,25 @@ class Target:
     priority: str
     platform: str
 
-    def resolve_platform(self, arch: str) -> str:
+    def resolve_platform(self, profile) -> str:
+        """The platform written, or for ``auto`` the one the device (``profile``, its
+        ``HardwareProfile``) runs on: ``PLATFORM_OF_DEVICE`` of its kind."""
         if self.platform != AUTO:
             return self.platform
-        if arch not in PLATFORM_OF_ARCH:
-            raise EdgepathError(f"target {self.tag}: no container platform for architecture {arch!r}")
-        return PLATFORM_OF_ARCH[arch]
+        return PLATFORM_OF_DEVICE[device_class(profile)]
 
 
-def check_platform(tag: str, platform: str, path: Mapping[str, Any], profile) -> None:
-    """Refuse a container platform that the device's build cannot run on: a build that
-    runs in vLLM on the device's own CPU (``path``: a selection record's ``path``, with
-    ``name`` and ``runs_in_vllm``; ``profile``: the device's ``HardwareProfile``) needs
-    the platform native to that CPU (an arm64 server's vLLM build is linux/arm64)."""
-    native = PLATFORM_OF_ARCH.get(profile.arch)
-    if path["runs_in_vllm"] and profile.accelerator == "none" and platform != native:
-        raise EdgepathError(
-            f"target {tag}: its {path['name']} build runs on the device's {profile.arch} CPU, so its "
-            f"platform must be {native}, not {platform}"
-        )
+def check_platform(tag: str, platform: str, path: Mapping[str, Any] | None, profile) -> None:
+    """Refuse a container platform other than the one the device's stages run on
+    (``PLATFORM_OF_DEVICE``; ``profile``: the device's ``HardwareProfile``; ``path``: its
+    selection record's ``path``, named in the message, or None where none is chosen
+    yet). ``select`` and ``images`` both ask this, so they accept the same fleet."""
+    kind = device_class(profile)
+    want = PLATFORM_OF_DEVICE[kind]
+    if platform != want:
+        build = f"its {path['name']} build" if path else "its build"
+        raise EdgepathError(f"target {tag}: {build} {_WHY_PLATFORM[kind]}, so its platform must be {want} "
+                            f"(or auto), not {platform}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +114,9 @@ class Params:
     """The ``quantize`` namespace as written (schema-checked)."""
 
     def target(self, tag: str) -> Target:
+        """The target of ``tag`` (a ``--target`` argument): refused, naming the fleet's
+        tags, where it is not a device tag or not one of the fleet's."""
+        check_tag(tag, "--target")
         if tag not in self.targets:
             raise EdgepathError(f"unknown device tag {tag!r}; the fleet has: {', '.join(self.targets)}")
         return self.targets[tag]
@@ -148,25 +191,36 @@ def parse(data: Any, root: str | Path = ".", where: str = "params") -> Params:
     root = Path(root)
     targets = {}
     for tag, spec in data["targets"].items():
-        if spec["profile"] != PROBE and not (root / spec["profile"]).is_file():
-            raise EdgepathError(f"{where}: targets.{tag}.profile: no such profile file {spec['profile']!r}")
+        if spec["profile"] != PROBE:
+            _check_profile_path(spec["profile"], root, f"{where}: targets.{tag}.profile")
         targets[tag] = Target(tag=tag, **spec)
     return Params(model_source=data["model"]["source"], targets=targets, quantize=dict(data.get("quantize") or {}))
 
 
-def _read(path: Path) -> Any:
-    import yaml
+def _check_profile_path(profile: str, root: Path, where: str) -> None:
+    """A captured profile is a file inside the repository: a relative path that stays in
+    ``root`` (the params file's directory) once ``..`` and symlinks are resolved. DVC
+    tracks no file outside it, and a path like /etc/passwd is no device's profile."""
+    if PurePath(profile).is_absolute() or profile.startswith("~"):
+        raise EdgepathError(f"{where}: {profile!r} is not a path inside the repository "
+                            f"(give it relative to the params file, e.g. profiles/<tag>.json)")
+    place = root / profile
+    inside = Path(os.path.realpath(root))
+    if not Path(os.path.realpath(place)).is_relative_to(inside):
+        raise EdgepathError(f"{where}: {profile!r} leads outside the repository ({inside}); "
+                            f"a captured profile lives inside it, e.g. profiles/<tag>.json")
+    if not place.exists():
+        raise EdgepathError(f"{where}: no such profile file {profile!r}")
+    if not place.is_file():
+        raise EdgepathError(f"{where}: {profile!r} is not a regular file; a profile is a JSON file")
 
-    try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise EdgepathError(f"{path}: no such params file") from None
-    except yaml.YAMLError as e:
-        raise EdgepathError(f"{path}: not valid YAML ({e})") from None
+
+def _read(path: Path) -> Any:
+    return files.read_yaml(path, missing="the params file: run in the project's directory, or give --params FILE")
 
 
 def load(path: str | Path = "params.yaml") -> Params:
-    path = Path(path)
+    path = files.path_of(path, "--params")
     return parse(_read(path), root=path.parent, where=str(path))
 
 
@@ -174,7 +228,7 @@ def namespace(path: str | Path, name: str) -> dict[str, Any]:
     """Only the ``name`` namespace of a params file (``quantize``, ``benchmark``, ...),
     checked against the schema: a stage that needs no fleet reads no fleet; {} where
     the file lacks it."""
-    data = _read(Path(path))
+    data = _read(files.path_of(path, "--params"))
     if data is None:  # an empty file: every namespace absent
         data = {}
     if not isinstance(data, dict):
@@ -185,3 +239,56 @@ def namespace(path: str | Path, name: str) -> dict[str, Any]:
 def calibration(path: str | Path) -> Calibration:
     """The ``calibration`` namespace of a params file, defaults filled in."""
     return Calibration.from_params(namespace(path, "calibration"), str(path))
+
+
+# ---------------------------------------------------------------- the command
+
+CHECKED = records.dumps({
+    "checked": "params.yaml, whole: the schema (edgepath/schemas/params.schema.json), device tags, the weight "
+               "paths of quantize.paths and export.paths, target profile files inside the repository",
+    "why": "DVC builds stage commands from params values and runs them through a shell: the stages whose "
+           "commands take a value depend on this file, so the check runs, and stops `dvc repro`, before them",
+    "content": "constant: it never depends on the params, so depending on it re-runs nothing",
+})
+"""What ``edgepath params --out`` writes: the same bytes whatever the params say."""
+
+
+def _write_checked(out: str) -> None:
+    """Write ``CHECKED`` to ``out``, replacing only an earlier copy of it or an empty file."""
+    from . import atomic
+
+    path = files.path_of(out, "--out")
+    data = CHECKED.encode()
+    if path.exists() or path.is_symlink():
+        own = (path.is_file() and not path.is_symlink() and path.stat().st_size in (0, len(data))
+               and path.read_bytes() in (b"", data))
+        if not own:
+            raise EdgepathError(f"{out}: exists and is not an earlier params check's output; not replaced "
+                                f"(remove it, or write elsewhere)")
+    atomic.write_text(path, CHECKED)
+
+
+def _cmd(args: argparse.Namespace) -> None:
+    params = load(args.params)
+    if args.out is not None:
+        _write_checked(args.out)
+    print(f"params: {args.params}: valid ({len(params.targets)} targets: {', '.join(params.targets)})"
+          + (f" -> {args.out}" if args.out is not None else ""))
+
+
+def _arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
+    p.add_argument("--out", help="write the check's constant record here, once the file passed")
+
+
+COMMAND = Command("params", "check params.yaml, before any stage runs", """\
+    Check the whole params file: every namespace against its schema, the device
+    tags (the one pattern of stage names, image tags and release tags), the
+    weight paths listed, and that each captured profile is a file inside the
+    repository. The pipeline's first stage: every stage whose command DVC
+    builds from a params value (a tag, a path) depends on its --out, so a bad
+    value stops `dvc repro` here, before any shell sees it. --out's content is
+    constant, so a change to the params re-runs only the stages that read it.
+
+    examples: edgepath params
+              edgepath params --params params.yaml --out build/params.json""", _arguments, _cmd)

@@ -104,16 +104,11 @@ def _target_profile(target: fleet.Target, root: Path) -> HardwareProfile:
 
 
 def image_for_target(target: fleet.Target, root: Path) -> Image:
-    """The device's image; its platform must be the one the fleet says its stages run on."""
+    """The device's image; the fleet's platform for it must be the one its stages run on
+    (``fleet.check_platform``, the rule ``select`` applies too), which is its image's."""
     profile = _target_profile(target, root)
-    image = image_for_profile(profile)
-    platform = target.resolve_platform(profile.arch)
-    if platform not in image.platforms:
-        raise EdgepathError(
-            f"target {target.tag}: its image {image.name} is built for {', '.join(image.platforms)}, "
-            f"but params.yaml says its stages run on {platform}"
-        )
-    return image
+    fleet.check_platform(target.tag, target.resolve_platform(profile), None, profile)
+    return image_for_profile(profile)
 
 
 def served_targets(params: fleet.Params, root: Path) -> dict[str, list[str]]:
@@ -188,12 +183,24 @@ def bake_json(params: fleet.Params, root: Path) -> str:
 def image_for_stage(stage: str, stage_args: list[str], params: fleet.Params, root: Path) -> Image:
     """The image a stage runs in: a device stage in its device's image, others on the
     build host's image (or the export toolchain's)."""
-    if stage in DEVICE_STAGES and "--target" in stage_args:
-        i = stage_args.index("--target")
-        if i + 1 == len(stage_args):
-            raise EdgepathError(f"{stage}: --target needs a device tag")
-        return image_for_target(params.target(stage_args[i + 1]), root)
+    tag = target_argument(stage, stage_args)
+    if stage in DEVICE_STAGES and tag is not None:
+        return image_for_target(params.target(tag), root)
     return IMAGES[STAGE_IMAGES.get(stage, BUILD_HOST_IMAGE)]
+
+
+def target_argument(stage: str, stage_args: list[str]) -> str | None:
+    """The device tag of a stage's ``--target TAG`` or ``--target=TAG`` (the last one, as
+    the stage's own parser takes it), checked (``fleet.check_tag``); None without one."""
+    tag = None
+    for i, arg in enumerate(stage_args):
+        if arg == "--target":
+            if i + 1 == len(stage_args):
+                raise EdgepathError(f"{stage}: --target needs a device tag")
+            tag = stage_args[i + 1]
+        elif arg.startswith("--target="):
+            tag = arg.removeprefix("--target=")
+    return None if tag is None else fleet.check_tag(tag, f"{stage} --target")
 
 
 RUN_ARGS_ENV = "EDGEPATH_RUN_ARGS"
@@ -238,12 +245,26 @@ def _cmd_plan(args: argparse.Namespace) -> None:
         print(f"{device['tag']}: {' '.join(device['references'])} -> {device['source']}")
 
 
-def _cmd_bake(args: argparse.Namespace) -> None:
-    from . import atomic
+def _write_bake(out: str, text: str) -> None:
+    """Write a bake file to ``out``, replacing only an earlier bake file (a JSON object of
+    ``bake``'s keys), never a user's file, a directory or a link."""
+    from . import atomic, files
 
+    path = files.path_of(out, "--out")
+    if path.exists() or path.is_symlink():
+        try:
+            earlier = None if path.is_symlink() else files.read_json(path)
+        except EdgepathError:
+            earlier = None
+        if not (isinstance(earlier, dict) and earlier.keys() == {"variable", "group", "target"}):
+            raise EdgepathError(f"{out}: exists and is not a bake file; not replaced (remove it, or write elsewhere)")
+    atomic.write_text(path, text)
+
+
+def _cmd_bake(args: argparse.Namespace) -> None:
     text = bake_json(fleet.load(args.params), Path(args.params).parent)
-    if args.out:
-        atomic.write_text(args.out, text)
+    if args.out is not None:
+        _write_bake(args.out, text)
         print(f"images bake: {len(IMAGES)} images -> {args.out}")
     else:
         sys.stdout.write(text)

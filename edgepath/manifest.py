@@ -20,6 +20,9 @@ here (QNN without Qualcomm's SDK) has its path's fallback build beside it.
 Each artifact has a ``name``, its place in the device's build directory (the
 bundle, a pull); each target's ``release`` says which version (``releases.json``,
 ``edgepath release``) its build's content is, or that it is unreleased.
+
+``render`` (``manifest show``) prints the record's strings through ``command.printable``: a
+manifest is input like any other, and its text must not drive the terminal.
 """
 
 from __future__ import annotations
@@ -31,13 +34,20 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__, coverage, records, versions
-from .command import Command
+from .command import Command, printable
 from .errors import EdgepathError
 from .fleet import Params
 from .hf_model import sha256_file
 from .weight_paths import Stage
 
 EXPORT_RECORD = records.FILE_NAMES["export"]
+
+
+def _present(path: Path) -> bool:
+    """Whether a stage has left something at ``path``: a record that is missing means
+    the stage has not run; anything else there (a directory, a FIFO, a broken link) is
+    read, and refused by name, rather than taken for a stage that has not run."""
+    return os.path.lexists(path)
 
 
 def _relative(path: Path, base: Path) -> str:
@@ -91,7 +101,7 @@ def _build(selection: dict[str, Any], model_record: dict[str, Any], model_dir: P
     name = selection["path"]["name"]
     built = weights_dir / name
     report_file = built / records.FILE_NAMES["quantization"]
-    if stage is Stage.QUANTIZE and report_file.is_file():
+    if stage is Stage.QUANTIZE and _present(report_file):
         report = records.read(report_file, "quantization")
         if report["model"]["fingerprint"] != model_record["fingerprint"]:
             raise EdgepathError(f"{built}: quantized from another model (fingerprint differs); re-run quantize@{name}")
@@ -119,7 +129,7 @@ def export_record(selection: dict[str, Any], exports_dir: Path, model_record: di
 def _read_export(name: str, exports_dir: Path, model_record: dict[str, Any]) -> dict[str, Any] | None:
     """export@``name``'s record, for this model; None where that stage has not run."""
     directory = exports_dir / name
-    if not (directory / EXPORT_RECORD).is_file():
+    if not _present(directory / EXPORT_RECORD):
         return None
     record = records.read(directory / EXPORT_RECORD, "export")
     if record["model"]["fingerprint"] != model_record["fingerprint"]:
@@ -189,7 +199,7 @@ def _verification(selection: dict[str, Any], verify_dir: Path, export: dict[str,
                 "detail": (f"nothing of this device's kind ({device}) ran {name} in this pipeline: patch-verify runs the 4-bit vLLM CPU paths, "
                            f"and {name} is built by the {path['built_by']} stage")}
     record_path = verify_dir / f"{name}.json"
-    record = records.read(record_path, "patch_verify") if record_path.is_file() else None
+    record = records.read(record_path, "patch_verify") if _present(record_path) else None
     reference = {"record": _relative(record_path, base) if record else None}
     if record is None:
         why = f"patch-verify@{name} has not run (add {name} to quantize.paths)"
@@ -338,7 +348,7 @@ def build(params: Params, model_record_path: str | os.PathLike, selections_dir: 
     model_record = records.read(model_record_path, "model")
     releases = versions.read_releases(releases_path)
     benchmark_path = Path(benchmark_path)
-    benchmark = records.read(benchmark_path, "benchmark") if benchmark_path.is_file() else None
+    benchmark = records.read(benchmark_path, "benchmark") if _present(benchmark_path) else None
     imported = [(str(f), records.read(f, "benchmark")) for f in benchmark_imports]
     for where, r in [(str(benchmark_path), benchmark), *imported]:
         if r is not None and r["model"]["fingerprint"] != model_record["fingerprint"]:
@@ -419,7 +429,9 @@ def table(rows: list[tuple[str, ...]]) -> list[str]:
 
 
 def render(manifest: dict[str, Any]) -> str:
-    """The manifest as a table, then each target's rationale and notes."""
+    """The manifest as a table, then each target's rationale and notes, every string
+    from the record made ``printable``."""
+    manifest = printable(manifest)
     m = manifest["model"]
     lines = [
         f"model  {m['architecture']}, {m['parameters'] / 1e6:.1f}M parameters, "
@@ -469,7 +481,9 @@ def _cmd_build(args: argparse.Namespace) -> None:
 
 
 def _cmd_show(args: argparse.Namespace) -> None:
-    sys.stdout.write(render(records.read(args.manifest, "manifest")))
+    from . import files
+
+    sys.stdout.write(render(records.read(files.path_of(args.manifest, "manifest"), "manifest")))
 
 
 def _build_arguments(b: argparse.ArgumentParser) -> None:

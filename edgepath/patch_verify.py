@@ -32,14 +32,13 @@ Which targets the record verifies is the manifest's decision
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from . import engine_check, records, weight_paths
+from . import engine_check, files, records, weight_paths
 from .command import Command
 from .errors import EdgepathError
 from .profile import HardwareProfile
@@ -81,7 +80,7 @@ def _gate_weights(artifact: Path) -> list[str]:
 
     from .vllm_plugin.head_gate import is_head_gate
 
-    config = json.loads((artifact / "config.json").read_text())
+    config = files.read_json(artifact / "config.json")
     heads = config.get("num_attention_heads") or config.get("text_config", {}).get("num_attention_heads")
     found = []
     for f in sorted(artifact.glob("*.safetensors")):
@@ -129,8 +128,8 @@ def run(path_name: str, artifact: str | os.PathLike, model_dir: str | os.PathLik
         raise EdgepathError(f"{path_name} is not a 4-bit vLLM CPU path; patch-verify runs "
                             f"{', '.join(n for n, p in weight_paths.PATHS.items() if p.verifiable_by_patch_verify)}")
     artifact, model_dir = Path(artifact), Path(model_dir)
-    if not (artifact / "config.json").is_file():
-        raise EdgepathError(f"{artifact}: no checkpoint (has quantize@{path_name} run?)")
+    # the checkpoint's config is read (a regular file, a JSON object) before any engine starts
+    files.read_json(artifact / "config.json", missing=f"no checkpoint: has quantize@{path_name} run?")
     record: dict[str, Any] = {
         **records.envelope(RECORD_KIND),
         "path": path_name,

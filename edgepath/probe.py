@@ -8,7 +8,32 @@ live host and, in a snapshot, read from ``.edgepath/<name>`` files that
 ``capture_snapshot`` writes. So a snapshot taken on a device with
 ``edgepath probe --capture-snapshot DIR`` probes exactly as the device did.
 
-Standard library only: the probe must run on a bare device.
+A profile states only what the probe read. What it takes to be a device, refusing
+anything else with one line that names the file (and writing nothing):
+
+- ``root`` is a directory: ``/``, or a snapshot.
+- ``proc/cpuinfo`` is a CPU description: a regular file of UTF-8 text, at most
+  ``PROC_FILE_LIMIT`` bytes, with at least one processor block (a blank-line
+  separated block whose ``processor`` field is a CPU number, as x86, Arm, RISC-V and
+  POWER kernels write it), and an architecture that can be told: ``uname -m`` on the
+  live host; in a snapshot its ``.edgepath/uname-m``, else the cpuinfo's own words
+  (``flags``: x86_64, ``Features``: aarch64).
+- The CPU count is at least one: ``sys/devices/system/cpu/online`` where there is
+  one (a list such as ``0-3,8-11``), else the processor blocks.
+- ``proc/meminfo`` has ``MemTotal`` and ``MemAvailable`` (``MemFree`` on kernels
+  before 3.14): a profile does not claim RAM it did not read.
+
+Every other file is optional: a missing one is a fact not known (no GPU, no NPU, an
+empty kernel release), but one that is there must be readable. Permission denied,
+a directory, FIFO or device where a file belongs, or a file over the limit is
+refused, never taken for a missing file. An ``nvidia-smi`` line that is not
+``name, memory MiB, major.minor`` (empty, ``,,,``, another number of fields, a
+memory that is not a number, no name) is no GPU; nvidia-smi's own ``[N/A]`` or
+``[Not Supported]`` for the memory or the compute capability is recorded as not
+known.
+
+Standard library only: the probe must run on a bare device (``files`` and
+``atomic`` are standard library only too).
 """
 
 from __future__ import annotations
@@ -18,11 +43,23 @@ import os
 import platform
 import re
 import shutil
+import stat
 import subprocess
 from pathlib import Path
 
+from . import atomic, files
 from .command import Command, emit
+from .errors import EdgepathError
 from .profile import HardwareProfile
+
+PROC_FILE_LIMIT = 3 << 20
+"""The most the probe reads of one /proc or /sys file (``/dev/zero`` in a snapshot
+must not be read until memory runs out). /proc/cpuinfo is the largest: about 1.6 kB
+per logical CPU on x86 (its flags line), so 3 MiB holds some 1900 CPUs, more than an
+edge device or a two-socket server has; the other files are a few kB. It stays under
+4 MiB because a /proc/sys file refuses a read() that asks for that much (ENOMEM),
+and ``files.read_bytes`` asks for the whole limit in one read."""
+_ROOT_HINT = "the probe reads a device's filesystem root: / or a snapshot from `edgepath probe --capture-snapshot`"
 
 # /proc/cpuinfo spells some Arm features differently from the names the
 # selector uses; x86 flags are already in Linux's normalised spelling.
@@ -65,13 +102,22 @@ SNAPSHOT_GLOBS = (
     "sys/class/accel/accel[0-9]*/device/uevent",
 )
 _NVIDIA_SMI_QUERY = "--query-gpu=name,memory.total,compute_cap"
+# What nvidia-smi prints for a field the GPU does not report (a Jetson's memory).
+_NOT_REPORTED = ("[N/A]", "[Not Supported]")
 
 
-def _read(root: Path, rel: str) -> str | None:
+def _read(path: Path) -> str | None:
+    """The text of the optional file ``path``, or None where there is none. Anything
+    else that stops the read (permission denied, not a regular file, over
+    ``PROC_FILE_LIMIT``, not UTF-8) is refused naming the file: a fact the probe
+    could not read must not turn into a default."""
     try:
-        return (root / rel).read_text(errors="replace")
-    except (FileNotFoundError, NotADirectoryError, PermissionError, IsADirectoryError):
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
         return None
+    except OSError:
+        pass  # permission denied on the way, a symlink loop: the read below names it
+    return files.read_text(path, PROC_FILE_LIMIT)
 
 
 def _is_live(root: Path) -> bool:
@@ -103,28 +149,42 @@ def parse_cpuinfo(text: str) -> list[dict[str, str]]:
     return blocks
 
 
-def _cpu_list_len(spec: str) -> int:
-    """Number of CPUs in a sysfs list such as ``0-3,8-11``."""
+def _cpu_list_len(spec: str, path: Path) -> int:
+    """Number of CPUs in a sysfs list such as ``0-3,8-11`` (read from ``path``)."""
     count = 0
     for part in spec.strip().split(","):
-        if not part:
-            continue
-        lo, _, hi = part.partition("-")
-        count += int(hi or lo) - int(lo) + 1
+        bounds = re.fullmatch(r"([0-9]+)(?:-([0-9]+))?", part.strip())
+        if bounds is None or int(bounds[2] or bounds[1]) < int(bounds[1]):
+            raise EdgepathError(f"{path}: {spec.strip()[:40]!r} is not a list of CPUs such as 0-3,8-11")
+        count += int(bounds[2] or bounds[1]) - int(bounds[1]) + 1
     return count
 
 
-def _arch(root: Path, blocks: list[dict[str, str]]) -> str:
+def _processors(root: Path) -> list[dict[str, str]]:
+    """The processor blocks of ``root``'s cpuinfo; refused where there are none."""
+    path = root / "proc/cpuinfo"
+    text = files.read_text(path, PROC_FILE_LIMIT, missing=_ROOT_HINT)
+    processors = [b for b in parse_cpuinfo(text) if b.get("processor", "").isdigit()]
+    if not processors:
+        raise EdgepathError(f"{path}: not a CPU description (no 'processor : N' entry); {_ROOT_HINT}")
+    return processors
+
+
+def _arch(root: Path, processors: list[dict[str, str]]) -> str:
     if _is_live(root):
         return platform.machine()
-    recorded = _read(root, ".edgepath/uname-m")
+    path = root / ".edgepath/uname-m"
+    recorded = (_read(path) or "").strip()
     if recorded:
-        return recorded.strip()
-    if any("flags" in b for b in blocks):
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", recorded):
+            raise EdgepathError(f"{path}: {recorded[:40]!r} is not a machine name as `uname -m` prints it")
+        return recorded
+    if any("flags" in b for b in processors):
         return "x86_64"
-    if any("features" in b for b in blocks):
+    if any("features" in b for b in processors):
         return "aarch64"
-    return "unknown"
+    raise EdgepathError(f"{root / 'proc/cpuinfo'}: cannot tell the architecture: its processors list neither "
+                        f"flags (x86) nor Features (Arm), and there is no {path} (`uname -m` of the device)")
 
 
 def _cpu_identity(arch: str, blocks: list[dict[str, str]], root: Path) -> tuple[str, str]:
@@ -140,17 +200,18 @@ def _cpu_identity(arch: str, blocks: list[dict[str, str]], root: Path) -> tuple[
         if name and name not in parts:
             parts.append(name)
     model = " + ".join(parts)
-    board = (_read(root, "proc/device-tree/model") or "").strip("\x00\n ")
+    board = (_read(root / "proc/device-tree/model") or "").strip("\x00\n ")
     return vendor, f"{board} ({model})" if board and model else (board or model)
 
 
 def _topology(root: Path, blocks: list[dict[str, str]]) -> tuple[int, int]:
     """(physical cores, logical CPUs). Physical = distinct (package, core) pairs."""
-    online = _read(root, "sys/devices/system/cpu/online")
-    n_logical = _cpu_list_len(online) if online else len(blocks)
+    online_path = root / "sys/devices/system/cpu/online"
+    online = _read(online_path)
+    n_logical = _cpu_list_len(online, online_path) if online is not None else len(blocks)
     cores = set()
     for topo in sorted((root / "sys/devices/system/cpu").glob("cpu[0-9]*/topology")):
-        core, package = _read(topo, "core_id"), _read(topo, "physical_package_id")
+        core, package = _read(topo / "core_id"), _read(topo / "physical_package_id")
         if core is not None and package is not None:
             cores.add((package.strip(), core.strip()))
     if not cores:
@@ -159,51 +220,69 @@ def _topology(root: Path, blocks: list[dict[str, str]]) -> tuple[int, int]:
 
 
 def _meminfo(root: Path) -> tuple[int, int]:
+    """(total, available) bytes of RAM; refused where meminfo does not say."""
+    path = root / "proc/meminfo"
     fields = {}
-    for line in (_read(root, "proc/meminfo") or "").splitlines():
+    text = files.read_text(path, PROC_FILE_LIMIT, missing=f"a profile does not guess the device's RAM; {_ROOT_HINT}")
+    for line in text.splitlines():
         key, _, value = line.partition(":")
         number = value.strip().split()
-        if number and number[0].isdigit():
+        if number and re.fullmatch(r"[0-9]+", number[0]):
             fields[key.strip()] = int(number[0]) * 1024  # meminfo counts kB
-    return fields.get("MemTotal", 0), fields.get("MemAvailable", fields.get("MemFree", 0))
+    available = fields.get("MemAvailable", fields.get("MemFree"))
+    if "MemTotal" not in fields or available is None:
+        raise EdgepathError(f"{path}: no MemTotal and MemAvailable (or MemFree) in kB; "
+                            f"a profile does not guess the device's RAM")
+    return fields["MemTotal"], available
 
 
 def _nvidia_smi(root: Path) -> str | None:
     if not _is_live(root):
-        return _read(root, ".edgepath/nvidia-smi.csv")
+        return _read(root / ".edgepath/nvidia-smi.csv")
     exe = shutil.which("nvidia-smi")
     if exe is None:
         return None
     try:
         done = subprocess.run(
             [exe, _NVIDIA_SMI_QUERY, "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=30, check=True,
+            capture_output=True, encoding="utf-8", errors="replace", timeout=30, check=True,
         )
     except (subprocess.SubprocessError, OSError):
         return None
     return done.stdout
 
 
+def parse_nvidia_smi(text: str | None) -> tuple[str, int | None, str | None] | None:
+    """(name, memory bytes, compute capability) of the first GPU in the output of
+    ``nvidia-smi --query-gpu=name,memory.total,compute_cap --format=csv,noheader,nounits``;
+    None where its first line is not such a GPU (see the module docstring)."""
+    lines = (text or "").strip().splitlines()
+    if not lines:
+        return None
+    fields = [f.strip() for f in lines[0].split(",")]
+    if len(fields) != 3:
+        return None
+    name, mib, cc = fields
+    if not name or not (re.fullmatch(r"[0-9]+", mib) or mib in _NOT_REPORTED):
+        return None
+    if not (re.fullmatch(r"[0-9]+\.[0-9]+", cc) or cc in _NOT_REPORTED):
+        return None
+    mem = int(mib) * 1024 * 1024 if mib not in _NOT_REPORTED else None  # nvidia-smi reports MiB
+    return name, mem, (cc if cc not in _NOT_REPORTED else None)
+
+
 def _gpu(root: Path) -> tuple[str | None, int | None, str | None, bool]:
     """(name, memory bytes, compute capability, integrated?) of the first NVIDIA GPU."""
-    name = mem = cc = None
-    smi = _nvidia_smi(root)
-    if smi and smi.strip():
-        fields = [f.strip() for f in smi.strip().splitlines()[0].split(",")]
-        name = fields[0]
-        if len(fields) > 1 and fields[1].isdigit():
-            mem = int(fields[1]) * 1024 * 1024  # nvidia-smi reports MiB
-        if len(fields) > 2 and re.fullmatch(r"\d+\.\d+", fields[2]):
-            cc = fields[2]
+    name, mem, cc = parse_nvidia_smi(_nvidia_smi(root)) or (None, None, None)
     if name is None:
         for info in sorted((root / "proc/driver/nvidia/gpus").glob("*/information")):
-            for line in info.read_text(errors="replace").splitlines():
+            for line in (_read(info) or "").splitlines():
                 if line.startswith("Model:"):
                     name = line.partition(":")[2].strip()
                     break
             if name:
                 break
-    compatible = _read(root, "proc/device-tree/compatible") or ""
+    compatible = _read(root / "proc/device-tree/compatible") or ""
     integrated = "nvidia,tegra" in compatible or (root / "etc/nv_tegra_release").exists()
     if integrated and name is None:
         name = "NVIDIA Tegra (integrated)"
@@ -213,7 +292,7 @@ def _gpu(root: Path) -> tuple[str | None, int | None, str | None, bool]:
 def _npu(root: Path) -> tuple[str | None, str | None]:
     """(vendor, driver) of the first NPU that a driver or device node announces."""
     for uevent in sorted((root / "sys/class/accel").glob("accel[0-9]*/device/uevent")):
-        for line in uevent.read_text(errors="replace").splitlines():
+        for line in (_read(uevent) or "").splitlines():
             if line.startswith("DRIVER="):
                 driver = line.partition("=")[2].strip()
                 if driver in _ACCEL_DRIVER_VENDORS:
@@ -228,8 +307,13 @@ def _torch_amx(root: Path, arch: str) -> bool | None:
     if arch != "x86_64":
         return None
     if not _is_live(root):
-        recorded = _read(root, ".edgepath/torch_amx_tile_supported")
-        return None if recorded is None else recorded.strip() == "true"
+        path = root / ".edgepath/torch_amx_tile_supported"
+        recorded = _read(path)
+        if recorded is None:
+            return None
+        if recorded.strip() not in ("true", "false"):
+            raise EdgepathError(f"{path}: {recorded.strip()[:40]!r}, not true or false")
+        return recorded.strip() == "true"
     try:
         import torch  # optional: the probe runs on devices without it
     except ImportError:
@@ -238,11 +322,18 @@ def _torch_amx(root: Path, arch: str) -> bool | None:
 
 
 def probe(root: str | os.PathLike = "/", source: str | None = None) -> HardwareProfile:
-    """Probe the device whose filesystem is mounted at ``root``."""
+    """Probe the device whose filesystem is mounted at ``root``; refused, naming the
+    file, where ``root`` is not a device (see the module docstring)."""
     root = Path(root)
-    blocks = parse_cpuinfo(_read(root, "proc/cpuinfo") or "")
+    try:
+        is_directory = stat.S_ISDIR(os.stat(root).st_mode)
+    except OSError as e:
+        raise EdgepathError(f"{files.describe_os_error(e, root)} ({_ROOT_HINT})") from None
+    if not is_directory:
+        raise EdgepathError(f"{root}: not a directory ({_ROOT_HINT})")
+    blocks = _processors(root)
     arch = _arch(root, blocks)
-    raw_flags = (blocks[0].get("flags") or blocks[0].get("features") or "").split() if blocks else []
+    raw_flags = (blocks[0].get("flags") or blocks[0].get("features") or "").split()
     flags = normalise_flags(arch, raw_flags)
     vendor, model = _cpu_identity(arch, blocks, root)
     n_physical, n_logical = _topology(root, blocks)
@@ -265,12 +356,12 @@ def probe(root: str | os.PathLike = "/", source: str | None = None) -> HardwareP
         supports_bf16 = "bf16" in flags
     numa = len(list((root / "sys/devices/system/node").glob("node[0-9]*")))
     if source is None:
-        source = "probe: live host" if _is_live(root) else f"snapshot: {root.name}"
+        source = "probe: live host" if _is_live(root) else f"snapshot: {Path(os.path.abspath(root)).name}"
     return HardwareProfile(
         arch=arch, cpu_vendor=vendor, cpu_model=model, cpu_flags=flags,
         n_physical=n_physical, n_logical=n_logical, numa_nodes=numa,
         ram_total_bytes=ram_total, ram_available_bytes=ram_available,
-        kernel_release=(_read(root, "proc/sys/kernel/osrelease") or "").strip(),
+        kernel_release=(_read(root / "proc/sys/kernel/osrelease") or "").strip(),
         accelerator=accelerator, gpu_name=gpu_name, gpu_mem_bytes=gpu_mem,
         gpu_compute_capability=gpu_cc, npu_driver=npu_driver,
         supports_bf16=supports_bf16, torch_amx_tile_supported=_torch_amx(root, arch),
@@ -280,29 +371,53 @@ def probe(root: str | os.PathLike = "/", source: str | None = None) -> HardwareP
 
 def capture_snapshot(dest: str | os.PathLike, root: str | os.PathLike = "/") -> Path:
     """Copy what the probe reads from ``root`` into ``dest`` (plus the outputs of
-    the commands it runs), so the device can be probed again anywhere."""
-    root, dest = Path(root), Path(dest)
-    for pattern in SNAPSHOT_GLOBS:
-        for src in sorted(root.glob(pattern)):
-            if src.is_file():
-                target = dest / src.relative_to(root)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(src.read_bytes())
-    for node in _FASTRPC_NODES:
-        if (root / node).exists():
-            (dest / node).parent.mkdir(parents=True, exist_ok=True)
-            (dest / node).touch()
-    blocks = parse_cpuinfo(_read(root, "proc/cpuinfo") or "")
-    arch = _arch(root, blocks)
-    recorded = {"uname-m": arch, "nvidia-smi.csv": _nvidia_smi(root)}
-    amx = _torch_amx(root, arch)
-    if amx is not None:
-        recorded["torch_amx_tile_supported"] = "true" if amx else "false"
-    (dest / ".edgepath").mkdir(parents=True, exist_ok=True)
-    for name, text in recorded.items():
-        if text:
-            (dest / ".edgepath" / name).write_text(text.strip() + "\n")
+    the commands it runs), so the device can be probed again anywhere. ``root`` must
+    probe (it is refused as ``probe`` refuses it) and ``dest`` must be a place for a
+    snapshot (``_snapshot_destination``) before anything is written; the snapshot is
+    written whole or not at all."""
+    root = Path(root)
+    dest = _snapshot_destination(Path(dest), root)
+    profile = probe(root)
+    recorded = {"uname-m": profile.arch, "nvidia-smi.csv": _nvidia_smi(root)}
+    if profile.torch_amx_tile_supported is not None:
+        recorded["torch_amx_tile_supported"] = "true" if profile.torch_amx_tile_supported else "false"
+    with atomic.directory(dest) as scratch:
+        for pattern in SNAPSHOT_GLOBS:
+            for src in sorted(root.glob(pattern)):
+                if src.is_file():
+                    target = scratch / src.relative_to(root)
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_bytes(files.read_bytes(src, PROC_FILE_LIMIT))
+        for node in _FASTRPC_NODES:
+            if (root / node).exists():
+                (scratch / node).parent.mkdir(parents=True, exist_ok=True)
+                (scratch / node).touch()
+        (scratch / ".edgepath").mkdir()
+        for name, text in recorded.items():
+            if text and text.strip():
+                (scratch / ".edgepath" / name).write_text(text.strip() + "\n")
     return dest
+
+
+def _snapshot_destination(dest: Path, root: Path) -> Path:
+    """``dest`` as an absolute path, where it may take a snapshot of ``root``: a new or
+    empty directory, or an earlier snapshot (it holds ``.edgepath/uname-m``, which
+    every capture writes), which is replaced. Refused, before anything is written: an
+    existing file or symlink, a directory of other files, the current directory or
+    one above it, and ``root`` itself or a directory holding it."""
+    place = Path(os.path.abspath(dest))
+    if place == Path.cwd() or place in Path.cwd().parents:
+        raise EdgepathError(f"{dest}: is the current directory or one above it; name a directory of its own")
+    for a, b in ((place, Path(os.path.abspath(root))), (place.resolve(), root.resolve())):
+        if a == b or a in b.parents:
+            raise EdgepathError(f"{dest}: is or holds the root it would copy ({root}); write the snapshot elsewhere")
+    if place.is_symlink() or place.exists():
+        if place.is_symlink() or not place.is_dir():
+            raise EdgepathError(f"{dest}: exists and is not a directory; not replaced (remove it, or write elsewhere)")
+        if any(place.iterdir()) and not (place / ".edgepath/uname-m").is_file():
+            raise EdgepathError(f"{dest}: holds files that are not a snapshot (no .edgepath/uname-m); "
+                                f"not replaced (remove it, or write elsewhere)")
+    return place
 
 
 # ---------------------------------------------------------------- the command
@@ -310,17 +425,18 @@ def capture_snapshot(dest: str | os.PathLike, root: str | os.PathLike = "/") -> 
 def _cmd(args: argparse.Namespace) -> None:
     from . import fleet, records
 
-    if args.capture_snapshot:
-        dest = capture_snapshot(args.capture_snapshot, root=args.root)
-        print(f"probe: snapshot of {args.root} written to {dest}")
+    root = files.path_of(args.root, "--root")
+    if args.capture_snapshot is not None:
+        dest = capture_snapshot(files.path_of(args.capture_snapshot, "--capture-snapshot"), root=root)
+        print(f"probe: snapshot of {root} written to {dest}")
         return
     spec = args.profile
-    if args.target:
+    if args.target is not None:
         spec = fleet.load(args.params).target(args.target).profile
     if spec == fleet.PROBE:
-        profile = probe(args.root, source=args.source)
+        profile = probe(root, source=args.source)
     else:
-        profile = HardwareProfile.from_dict(records.read(spec, "profile"))
+        profile = HardwareProfile.from_dict(records.read(files.path_of(spec, "--profile"), "profile"))
     emit(profile.to_json(), args.out, "profile", profile.to_dict())
 
 

@@ -17,6 +17,7 @@ import json
 from typing import Any
 
 from .errors import EdgepathError
+from .files import loads_json
 
 # Flags the selector and the manifest summary care about; the profile keeps all.
 ISA_FLAGS_OF_INTEREST = (
@@ -105,12 +106,11 @@ class HardwareProfile:
         return cls(**{k: v for k, v in data.items() if k in known})
 
     @classmethod
-    def from_json(cls, text: str) -> HardwareProfile:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise EdgepathError(f"profile is not valid JSON: {e}") from None
-        return cls.from_dict(data)
+    def from_json(cls, text: str, where: str = "profile") -> HardwareProfile:
+        """Build from JSON text (read from ``where``, which errors name), through
+        ``files.loads_json``: bad syntax, deep nesting and a top level that is not an
+        object are refused as for every file edgepath reads."""
+        return cls.from_dict(loads_json(text, where))
 
     def stable_dict(self) -> dict[str, Any]:
         """The fields that identify the device (everything but ``VOLATILE_FIELDS``)."""

@@ -14,22 +14,29 @@ Lifecycle of ``edgepath pull <tag> [--version V] -o DIR``:
    directory output's listing is its ``.dir`` object, which DVC reads from the
    local cache or the remote; it must hash to the name ``dvc.lock`` gives it).
 4. Exactly those objects are downloaded into a scratch directory beside
-   ``DIR``; every file's size and sha256 must be the manifest's, and the
-   outputs' listings may name no file in the build's directories that the
+   ``DIR`` (which must be missing, empty, or an earlier pull: its receipt marks
+   it, ``records.output_directory``); every file's size and sha256 must be the
+   manifest's, and the outputs' listings may name no file in the build's directories that the
    manifest does not; the files' content digest must be the manifest's (and
    with ``--version``, the manifest must record that version). A receipt
    (``edgepath-pull.json``) records what was pulled and its version; then the
    scratch directory becomes ``DIR`` in one rename.
 
 Anything missing, extra or altered fails the pull naming the file, and leaves
-``DIR`` as it was. The remote is the workspace's DVC configuration
-(``.dvc/config``, ``.dvc/config.local``, ``AWS_*`` in the environment), also
-for an old version: not the configuration committed at its tag, which may name
-a remote since moved, or keys kept out of git.
+``DIR`` as it was (and no folder it created on the way to ``DIR``). The remote
+is the workspace's DVC configuration (``.dvc/config``, ``.dvc/config.local``,
+``AWS_*`` in the environment), also for an old version: not the configuration
+committed at its tag, which may name a remote since moved, or keys kept out of git.
 
 ``DIR`` holds each file at its manifest ``name`` (relative to the folder above
 its stage output): ``w4a16-tinygemm/model.safetensors``, ``model/hf/config.json``,
 ``w8a16-qnn/export.json``; ``build/devices/<tag>`` (the bundle) has the same layout.
+
+``edgepath ls`` only reads, and writes nothing in the project (which may be a
+read-only checkout): it finds the manifest's md5 in ``dvc.lock`` read as a YAML
+document (``workspace_outputs``; a DVC repository opened on the workspace makes
+``.dvc/tmp``), and a manifest it must download goes to the system's temporary
+directory.
 """
 
 from __future__ import annotations
@@ -46,16 +53,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import atomic, coverage, records
-from .command import Command
-from .errors import EdgepathError
+from . import coverage, files, records
+from .command import Command, printable
+from .errors import EdgepathError, one_line
 from .hf_model import sha256_file
 from .release import add_project_options
 from .versions import build_digest, build_files, git_tag, normalize_version
 
 LOCK_FILE = "dvc.lock"
 MANIFEST = "manifest.json"
-RECEIPT = "edgepath-pull.json"
+RECEIPT = records.FILE_NAMES["pull"]
 
 
 @dataclass(frozen=True)
@@ -105,14 +112,14 @@ class Remote:
             self.all_config = {name: dict(conf) for name, conf in repo.config["remote"].items()}
             self.url = self.config["url"]
         except DvcException as e:
-            raise EdgepathError(f"{root}: {e}") from None
+            raise EdgepathError(f"{root}: {one_line(e)}") from None
 
     def _fail(self, what: str, error: BaseException) -> EdgepathError:
         """``error``, met while reading ``what`` from this remote, as the user's problem."""
         if isinstance(error, FileNotFoundError):
             return EdgepathError(f"{what}: missing from remote {self.name} ({self.url}); push it with "
                                  f"`dvc push -r {self.name}`")
-        text = f"{type(error).__name__}: {error}"
+        text = f"{type(error).__name__}: {one_line(error)}"
         if isinstance(error, PermissionError) or any(k in text for k in ("InvalidAccessKeyId", "SignatureDoesNotMatch",
                                                                          "AccessDenied", "Forbidden")):
             return EdgepathError(f"remote {self.name} ({self.url}) refused the credentials while reading {what}: "
@@ -129,14 +136,16 @@ class Remote:
             raise self._fail(what, e) from None
 
     def read_json(self, md5: str, what: str, scratch: Path) -> Any:
+        """The JSON object stored as ``md5`` (checked against its name), read as
+        ``files.read_json`` reads a document: bounded, UTF-8, an object."""
         dest = scratch / f".{md5.replace('/', '_')}"
         self.download(md5, dest, what)
         try:
             if _md5(dest) != md5.removesuffix(".dir"):
                 raise EdgepathError(f"{what}: remote {self.name} object {md5} does not hash to its name (altered)")
-            return json.loads(dest.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise EdgepathError(f"{what}: remote object {md5} is not valid JSON ({e})") from None
+            return files.read_json(dest)
+        except EdgepathError as e:
+            raise EdgepathError(f"{what}: remote object {md5}: {e}") from None
         finally:
             dest.unlink(missing_ok=True)
 
@@ -153,6 +162,19 @@ def manifest_output(where: str, outputs: list[Output]) -> Output:
     if out is None:
         raise EdgepathError(f"{where}: names no {MANIFEST}; run the manifest stage")
     return out
+
+
+def workspace_outputs(root: Path) -> list[Output]:
+    """The stage outputs the workspace's ``dvc.lock`` names (``stages.<name>.outs``),
+    read as a document (``files.read_yaml``) without opening a DVC repository."""
+    lock = root / LOCK_FILE
+    data = files.read_yaml(lock, missing="run in a clone of the project after `dvc repro`")
+    stages = data.get("stages") if isinstance(data, dict) else None
+    if not isinstance(stages, dict):
+        raise EdgepathError(f"{lock}: not a dvc.lock (no stages); run `dvc repro`")
+    return [Output(o["path"], o["md5"]) for stage in stages.values() if isinstance(stage, dict)
+            for o in stage.get("outs") or () if isinstance(o, dict)
+            and isinstance(o.get("path"), str) and isinstance(o.get("md5"), str)]
 
 
 def load_manifest(root: Path, out: Output, open_remote: Callable[[], Remote], scratch: Path) -> dict[str, Any]:
@@ -233,7 +255,7 @@ class Lock:
         try:
             outs = [o for o in self.fs.repo.index.outs if o.hash_info and o.hash_info.value]
         except DvcException as e:
-            raise EdgepathError(f"{where}: not a dvc.lock with stage outputs ({e})") from None
+            raise EdgepathError(f"{where}: not a dvc.lock with stage outputs ({one_line(e)})") from None
         if not outs:
             raise EdgepathError(f"{where}: names no stage output; run `dvc repro` and `dvc push` first")
         # longest path first: the output that holds a file is the first that is its prefix
@@ -273,8 +295,11 @@ def read_lock(root: Path, tag: str | None = None, version: str | None = None,
     ``open_remote``: as ``Lock``'s, called once the lock is known to exist."""
     if version is None:
         lock = root / LOCK_FILE
-        if not lock.is_file():
-            raise EdgepathError(f"{lock}: no such file; run in a clone of the project after `dvc repro`")
+        # DVC reads both without edgepath's checks (a FIFO would hang it, /dev/zero fill
+        # memory, binary bytes end in a traceback): read them first as any input is read
+        files.read_text(lock, missing="run in a clone of the project after `dvc repro`")
+        if os.path.lexists(root / "dvc.yaml"):
+            files.read_text(root / "dvc.yaml")
         return Lock(root, None, str(lock), open_remote)
     if tag is None:
         raise EdgepathError("--version needs a device tag (a version is one device's)")
@@ -285,7 +310,7 @@ def read_lock(root: Path, tag: str | None = None, version: str | None = None,
     try:
         known = sorted(t for t in all_tags(str(root)) if t.startswith(git_tag(tag, "v")))
     except DvcException as e:
-        raise EdgepathError(f"{root}: {e}") from None
+        raise EdgepathError(f"{root}: {one_line(e)}") from None
     if name not in known:
         raise EdgepathError(f"no git tag {name} in {root}; its versions here: "
                             f"{', '.join(known) or 'none'} (`git fetch --tags` for the remote's)")
@@ -298,15 +323,13 @@ def pull(root: str | os.PathLike, tag: str | None, dest: str | os.PathLike, remo
     return the receipt. With ``profile`` (and no tag): the build the selector
     picks for that machine (``target_for_machine``). With ``version``: that release of
     ``tag``, from the manifest its git tag's ``dvc.lock`` names."""
-    root, dest = Path(root), Path(dest)
-    if dest.is_symlink():
-        raise EdgepathError(f"{dest}: is a symbolic link; pull into a plain directory")
-    if dest.exists() and not (dest / RECEIPT).is_file():
-        raise EdgepathError(f"{dest}: exists and is not an earlier pull (no {RECEIPT}); choose another -o")
-    lock = read_lock(root, tag, version, lambda: Remote(root, remote_name))
-    outputs, where, remote = lock.outputs, lock.where, lock.remote
-    manifest_out = manifest_output(where, outputs)
-    with atomic.directory(dest) as scratch:
+    root = Path(root)
+    # ``dest`` is checked (missing, empty, or an earlier pull) before anything is read,
+    # and a refusal on the way leaves neither it nor a folder created above it
+    with records.output_directory(dest, "pull") as scratch:
+        lock = read_lock(root, tag, version, lambda: Remote(root, remote_name))
+        outputs, where, remote = lock.outputs, lock.where, lock.remote
+        manifest_out = manifest_output(where, outputs)
         manifest = load_manifest(root, manifest_out, lambda: remote, scratch)
         chosen = None
         if tag is None:
@@ -385,9 +408,8 @@ def listing(root: str | os.PathLike, remote_name: str | None = None) -> list[dic
     """Each device tag of the manifest: its path, build state, verification
     and size (the sum of its files)."""
     root = Path(root)
-    lock = read_lock(root)
-    out = manifest_output(lock.where, lock.outputs)
-    with tempfile.TemporaryDirectory(prefix=".edgepath-ls.", dir=root) as scratch:
+    out = manifest_output(str(root / LOCK_FILE), workspace_outputs(root))
+    with tempfile.TemporaryDirectory(prefix="edgepath-ls.") as scratch:  # not in the project: ls only reads
         manifest = load_manifest(root, out, lambda: Remote(root, remote_name), Path(scratch))
     rows = []
     for t in manifest["targets"]:
@@ -422,9 +444,10 @@ def _cmd_ls(args: argparse.Namespace) -> None:
     from . import manifest
 
     rows = listing(args.project, args.remote)
-    if args.json:
+    if args.json:  # JSON escapes control characters itself
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
         return
+    rows = printable(rows)
     print("\n".join(manifest.table([("TAG", "PATH", "BUILD", "VERIFIED", "VERSION", "FILES", "SIZE")] + [
         (r["tag"], r["path"], r["build"], "yes" if r["verified"] else "no", manifest.version_cell(r["release"]),
          str(r["files"]), f"{r['bytes'] / 2**20:.1f} MiB") for r in rows])))

@@ -16,7 +16,8 @@ Lifecycle of ``run(model_dir, path, out, settings)``:
 5. Check the written checkpoint in real vLLM against its dequantized weights
    and the unquantized model (``engine_check``), into ``engine_check.json``.
    A checkpoint that fails is not published: ``out`` appears whole and
-   checked, or not at all (``atomic.directory``). Where this host's vLLM has no
+   checked, or not at all (``records.output_directory``: it replaces only an
+   earlier checkpoint of this stage, never the model). Where this host's vLLM has no
    kernel for the format (the AVX2 build has no GPTQ kernel), the check records
    why it did not run and the checkpoint is published unchecked, which the
    manifest shows.
@@ -40,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import __version__, atomic, engine_check, hf_model, records, shapes, weight_paths
+from . import __version__, engine_check, files, hf_model, records, shapes, weight_paths
 from .command import Command
 from .errors import EdgepathError
 from .fleet import Calibration, check_namespace
@@ -158,8 +159,9 @@ def _copy_side_files(src: Path, dest: Path, tokenizer_files: list[str]) -> None:
 
 def run(model_dir: str | Path, path: str, out: str | Path, settings: Settings = Settings()) -> dict[str, Any]:
     """Build ``out`` (module docstring); returns the report written beside the weights."""
-    model_dir, out = Path(model_dir), Path(out)
+    model_dir, out = Path(model_dir), files.path_of(out, "--out")
     spec = weight_paths.require(path, Stage.QUANTIZE)
+    records.check_output_directory(out, "quantization", sources=[model_dir])  # before minutes of GPTQ
     info = hf_model.inspect(model_dir, with_file_digests=False)
     layers = quantized_layers(info, settings.head)
     group, group_reason = spec.group_size(layers)
@@ -197,7 +199,7 @@ def run(model_dir: str | Path, path: str, out: str | Path, settings: Settings = 
     ppl_quantized = perplexity(model, eval_windows) if eval_windows is not None else None
 
     tensors_to_save: dict[str, torch.Tensor] = {}
-    for f in sorted(model_dir.glob("*.safetensors")):
+    for f in hf_model.weight_files(model_dir):
         with safe_open(f, "pt") as sf:
             for name in sf.keys():
                 if name.removesuffix(".weight") not in quantized:
@@ -209,7 +211,7 @@ def run(model_dir: str | Path, path: str, out: str | Path, settings: Settings = 
             stored_bits += t.numel() * t.element_size() * 8
     quantized_weights = sum(q.codes.numel() for q in quantized.values())
 
-    config = json.loads((model_dir / "config.json").read_text())
+    config = files.read_json(model_dir / "config.json")
     config["quantization_config"] = _quantization_config(spec, group, settings)
     if settings.head == "int4":
         config["tie_word_embeddings"] = False  # the bf16 table stays for lookups
@@ -234,7 +236,7 @@ def run(model_dir: str | Path, path: str, out: str | Path, settings: Settings = 
     }
     records.validate("quantization", report, where=str(out / REPORT_NAME))
     del model
-    with atomic.directory(out) as scratch:
+    with records.output_directory(out, "quantization", sources=[model_dir]) as scratch:
         save_file(tensors_to_save, str(scratch / WEIGHTS_NAME), metadata={"format": "pt"})
         (scratch / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         _copy_side_files(model_dir, scratch, info["tokenizer_files"])
@@ -283,7 +285,7 @@ def _cmd(args: argparse.Namespace) -> None:
 def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="Hugging Face directory, or a model record (model.json)")
     p.add_argument("--path", required=True, help="weight path: w4a8-amx or w4a16-tinygemm")
-    p.add_argument("--out", required=True, help="output directory (replaced atomically)")
+    p.add_argument("--out", required=True, help="output directory (replaced atomically; only an earlier checkpoint)")
     p.add_argument("--params", default="params.yaml",
                    help="settings from its 'quantize' and 'calibration' namespaces, if present")
     p.add_argument("--samples", type=int, help="calibration samples (overrides params)")

@@ -9,26 +9,28 @@ never half-understood.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from . import atomic
+from . import atomic, files
 from .errors import EdgepathError
 
 SCHEMA_VERSIONS = {"profile": 1, "model": 1, "selection": 4, "manifest": 6, "quantization": 1,
                    "engine_check": 2, "patch_verify": 1, "control": 1, "benchmark": 1,
                    "export": 1, "pull": 2, "releases": 1, "device": 1}
-# Where a stage puts its record in its output directory: read by the stage after it
-# (the manifest, the bundle) without importing the stage that wrote it.
+# Where a command puts its record in its output directory: read by the stage after it
+# (the manifest, the bundle) without importing the stage that wrote it, and the mark
+# that the directory is that command's own output (``output_directory``).
 FILE_NAMES = {"model": "model.json", "quantization": "quantization_report.json",
               "engine_check": "engine_check.json", "export": "export.json", "control": "control.json",
-              "benchmark": "benchmark.json"}
+              "benchmark": "benchmark.json", "device": "edgepath-device.json", "pull": "edgepath-pull.json"}
 # Documents checked against a schema of their own that are not records (no kind, no
 # schema_version): params.yaml.
 DOCUMENT_SCHEMAS = ("params",)
@@ -69,6 +71,8 @@ def validate(name: str, record: Any, where: str = "record") -> None:
     if isinstance(record, dict):
         got = (record.get("kind"), record.get("schema_version"))
         want = (f"edgepath.{name}", SCHEMA_VERSIONS[name])
+        if isinstance(got[0], str) and got[0] != want[0]:
+            raise EdgepathError(f"{where}: a record of kind {got[0]!r}, not an edgepath {name} record")
         newer_ok = name in FORWARD_COMPATIBLE and isinstance(got[1], int) and got[1] > want[1]
         if got[0] == want[0] and got[1] != want[1] and not newer_ok:
             raise EdgepathError(
@@ -87,22 +91,74 @@ def dumps(record: dict[str, Any]) -> str:
 
 
 def write(path: str | os.PathLike, name: str, record: dict[str, Any]) -> None:
-    """Validate ``record`` as ``name`` and write it atomically to ``path``."""
+    """Validate ``record`` as ``name`` and write it atomically to ``path``. An existing
+    ``path`` is replaced only when it is an earlier record of ``name`` (or empty):
+    never a directory, a user's file, or another kind of record."""
     validate(name, record, where=str(path))
+    path = files.path_of(path, "output file")
+    if path.exists() or path.is_symlink():
+        if not _is_own(path, name, allow_empty=True):
+            raise EdgepathError(f"{path}: exists and is not an edgepath {name} record; not replaced "
+                                f"(remove it, or write elsewhere)")
     atomic.write_text(path, dumps(record))
 
 
-def read(path: str | os.PathLike, name: str) -> dict[str, Any]:
-    """Read and validate a record of ``name``; errors name the file."""
-    path = Path(path)
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise EdgepathError(f"{path}: no such file (has the stage that writes it run?)") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise EdgepathError(f"{path}: not valid JSON ({e})") from None
+def read(path: str | os.PathLike, name: str, missing: str = "has the stage that writes it run?") -> dict[str, Any]:
+    """Read and validate a record of ``name``; errors name the file, and a missing
+    one says ``missing`` (how to make it)."""
+    record = files.read_json(path, missing=missing)
     validate(name, record, where=str(path))
     return record
+
+
+def _is_own(path: Path, name: str, allow_empty: bool = False) -> bool:
+    """Whether ``path`` is a regular file holding a record of kind ``name`` (any
+    schema version: a stage rewrites its own older output)."""
+    if path.is_symlink() or not path.is_file():
+        return False
+    if allow_empty and path.stat().st_size == 0:
+        return True
+    try:
+        data = files.read_json(path)
+    except EdgepathError:
+        return False
+    return data.get("kind") == f"edgepath.{name}"
+
+
+def check_output_directory(out: str | os.PathLike, name: str, sources: Iterable[str | os.PathLike] = ()) -> Path:
+    """Refuse ``out`` as the output directory of a command whose record of kind ``name``
+    sits in it (as ``FILE_NAMES[name]``), naming why, before anything is written; the
+    absolute path to write where it may be replaced. That record marks the directory
+    as the command's own: ``out`` may be missing, empty, or hold that record. A
+    directory of anything else, a file, the current directory or one above it, and an
+    ``out`` that is, holds or lies inside one of ``sources`` (what the command reads)
+    are refused. A long stage calls this first, so a bad ``--out`` costs no time."""
+    out = files.path_of(out, "--out")
+    place = Path(os.path.abspath(out))
+    if place == Path.cwd() or place in Path.cwd().parents:
+        raise EdgepathError(f"{out}: is the current directory or one above it; name a directory of its own")
+    for source in sources:
+        for a, b in ((place, Path(os.path.abspath(source))), (place.resolve(), Path(source).resolve())):
+            if a == b or b in a.parents or a in b.parents:
+                raise EdgepathError(f"{out}: overlaps what this command reads ({source}); write the output elsewhere")
+    if place.is_symlink() or place.exists():
+        if not place.is_dir() or place.is_symlink():
+            raise EdgepathError(f"{out}: exists and is not a directory; not replaced (remove it, or write elsewhere)")
+        entries = sorted(p.name for p in place.iterdir())
+        if entries and not _is_own(place / FILE_NAMES[name], name):
+            shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+            raise EdgepathError(f"{out}: holds files edgepath did not write there ({shown}): not the {name} "
+                                f"stage's output (no {FILE_NAMES[name]}); not replaced (remove it, or write elsewhere)")
+    return place
+
+
+@contextlib.contextmanager
+def output_directory(out: str | os.PathLike, name: str,
+                     sources: Iterable[str | os.PathLike] = ()) -> Iterator[Path]:
+    """``atomic.directory(out)`` once ``check_output_directory`` accepts ``out``."""
+    place = check_output_directory(out, name, sources)
+    with atomic.directory(place) as scratch:
+        yield scratch
 
 
 def model_directory(record_path: str | os.PathLike, record: dict[str, Any]) -> Path:

@@ -29,13 +29,14 @@ import argparse
 import contextlib
 import os
 import subprocess
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import atomic, records
+from . import atomic, files, records
 from .command import Command
-from .errors import EdgepathError
+from .errors import EdgepathError, one_line
 from .versions import RELEASES, build_digest, git_tag, read_releases, state, version_key
 
 DVC_YAML = "dvc.yaml"
@@ -69,9 +70,12 @@ def plan(manifest: dict[str, Any], releases: dict[str, Any]) -> list[dict[str, A
 
 
 def artifacts_section(tags: list[str]) -> str:
-    """``dvc.yaml``'s ``artifacts:`` block for the fleet's device tags."""
+    """``dvc.yaml``'s ``artifacts:`` block for the fleet's device tags, each checked
+    (``fleet.check_tag``): a tag is written into the YAML as it is, and names a git tag."""
+    from . import fleet
+
     lines = [ARTIFACTS_MARKER, "# (versions: git tags <tag>@vX.Y.Z; `edgepath pull <tag> --version V`)", "artifacts:"]
-    for tag in tags:
+    for tag in map(fleet.check_tag, tags):
         lines += [f"  {tag}:", f"    path: {DEVICES_DIR}/{tag}", "    type: model",
                   f"    desc: edgepath build for device {tag} (params.yaml targets.{tag}); its edgepath-device.json"
                   " says which weight path and why"]
@@ -94,23 +98,40 @@ class _Project:
     def git(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         done = subprocess.run(["git", *args], cwd=self.root, capture_output=True, text=True)
         if check and done.returncode != 0:
-            raise EdgepathError(f"git {' '.join(args)}: {done.stderr.strip() or done.stdout.strip()}")
+            raise EdgepathError(f"git {' '.join(args)}: {one_line(done.stderr or done.stdout)}")
         return done
 
-    def dvc(self, command: str, action: Callable[[Any], Any]) -> Any:
+    def dvc(self, command: str, action: Callable[[Any], Any], reads_only: bool = False) -> Any:
         """``action(repo)`` on a fresh ``dvc.repo.Repo`` of the project, from its root as
         the ``dvc`` command line runs (stage names are relative to the working
-        directory); its failure is an EdgepathError naming ``command``."""
+        directory); its failure is an EdgepathError naming ``command``, one line.
+        ``reads_only``: the action only reads, so DVC's scratch (its lock and btime
+        files, normally ``.dvc/tmp``) goes to a temporary directory outside the project:
+        a dry run writes nothing there, and works on a read-only checkout."""
         from dvc.repo import Repo
 
         root = self.root.resolve()
         try:
-            with contextlib.chdir(root), Repo(str(root)) as repo:
+            with contextlib.ExitStack() as stack:
+                repo_class = Repo
+                if reads_only:
+                    scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="edgepath-dvc-"))
+
+                    class ReadingRepo(Repo):
+                        tmp_dir = scratch  # shadows Repo's cached property, .dvc/tmp
+
+                        def _ignore(self) -> None:
+                            """Repo adds its tmp_dir to .gitignore (a write, and refused for a
+                            directory outside the repository); a reader adds nothing."""
+
+                    repo_class = ReadingRepo
+                stack.enter_context(contextlib.chdir(root))
+                repo = stack.enter_context(repo_class(str(root)))
                 repo.scm_context.quiet = True  # no "git add ..." hints: the release commits itself
                 return action(repo)
         except Exception as e:  # DvcException, and what the remote's storage raises (OSError, botocore, ...)
             cause = f" ({type(e.__cause__).__name__}: {e.__cause__})" if e.__cause__ else ""
-            raise EdgepathError(f"{command} failed:\n{type(e).__name__}: {e}{cause}") from None
+            raise EdgepathError(one_line(f"{command} failed: {type(e).__name__}: {e}{cause}")) from None
 
     def has_tag(self, name: str) -> bool:
         return self.git("rev-parse", "-q", "--verify", f"refs/tags/{name}", check=False).returncode == 0
@@ -120,11 +141,14 @@ def _check(project: _Project, releases: dict[str, Any]) -> None:
     top = project.git("rev-parse", "--show-toplevel", check=False)
     if top.returncode != 0 or Path(top.stdout.strip()).resolve() != project.root.resolve():
         raise EdgepathError(f"{project.root}: not the top of a git repository; a release is a git tag")
-    dirty = project.git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+    # --no-optional-locks: `git status` would otherwise refresh .git/index, a write
+    dirty = [line[3:] for line in project.git("--no-optional-locks", "status", "--porcelain",
+                                              "--untracked-files=no").stdout.splitlines()]
     if dirty:
-        raise EdgepathError(f"uncommitted changes to tracked files (a version tags the commit that built it); "
-                            f"commit them first:\n{dirty}")
-    stale = {stage: why for stage, why in project.dvc("dvc status", lambda repo: repo.status()).items()
+        shown = ", ".join(dirty[:5]) + (f" and {len(dirty) - 5} more" if len(dirty) > 5 else "")
+        raise EdgepathError(f"uncommitted changes to tracked files ({shown}); a version tags the commit that "
+                            f"built it: commit them first")
+    stale = {stage: why for stage, why in project.dvc("dvc status", lambda repo: repo.status(), reads_only=True).items()
              if why != ["always changed"]}
     if stale:
         raise EdgepathError(f"the pipeline is not up to date ({', '.join(sorted(stale))}); run `dvc repro` and "
@@ -141,8 +165,10 @@ def release(root: str | os.PathLike, remote: str | None = None, dry_run: bool = 
     lifecycle); return the plan (with ``dry_run``, only return it)."""
     from . import fleet
 
-    project = _Project(Path(root))
+    project = _Project(files.path_of(root, "--project"))
     root = project.root
+    if not root.is_dir():
+        raise EdgepathError(f"{root}: no such directory (--project names the project's clone)")
     releases = read_releases(root / RELEASES)
     _check(project, releases)
     manifest = records.read(root / "manifest.json", "manifest")

@@ -181,25 +181,25 @@ def selection_record(
 # ---------------------------------------------------------------- the command
 
 def _cmd(args: argparse.Namespace) -> None:
-    from . import fleet, records, shapes
+    from . import files, fleet, records, shapes
 
     tag, priority, platform = args.tag, args.priority, args.platform
     if args.target:
         target = fleet.load(args.params).target(args.target)
         tag, priority, platform = target.tag, target.priority, target.platform
-    profile = HardwareProfile.from_dict(records.read(args.profile, "profile"))
+    profile = HardwareProfile.from_dict(records.read(files.path_of(args.profile, "--profile"), "profile"))
     linears, fingerprint = None, None
-    if args.model:
-        model_record = records.read(args.model, "model")
+    if args.model is not None:
+        model_record = records.read(files.path_of(args.model, "--model"), "model")
         linears = shapes.block_linears({n: t["shape"] for n, t in model_record["tensors"].items()})
         fingerprint = model_record["fingerprint"]
     path = select_weight_path(profile, priority, linears=linears)
     chosen = path.to_dict()
-    platform = fleet.Target(tag, "", priority, platform).resolve_platform(profile.arch)
+    platform = fleet.Target(tag, "", priority, platform).resolve_platform(profile)
     fleet.check_platform(tag, platform, chosen, profile)
-    if args.out and fingerprint is None:
+    if args.out is not None and fingerprint is None:
         raise EdgepathError("select --out writes a selection record, which needs --model")
-    if args.out:
+    if args.out is not None:
         record = selection_record(tag, priority, platform, profile, fingerprint, path)
         records.write(args.out, "selection", record)
         print(f"select@{tag}: {path.name} ({chosen['quantization'] or 'no vLLM quantization'}"

@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from pathlib import Path
 from typing import Any
 
 from . import records
@@ -42,8 +41,10 @@ def empty_releases() -> dict[str, Any]:
 
 
 def read_releases(path: str | os.PathLike) -> dict[str, Any]:
-    """The releases record at ``path``; none released where the file does not exist."""
-    return records.read(path, "releases") if Path(path).is_file() else empty_releases()
+    """The releases record at ``path``; none released where nothing is there. Anything
+    that is there is read as a record (a directory, a FIFO or a broken link is refused,
+    naming it, not taken for "never released")."""
+    return records.read(path, "releases") if os.path.lexists(path) else empty_releases()
 
 
 def version_key(version: str) -> tuple[int, int, int]:

@@ -91,7 +91,7 @@ def test_the_cli_composes_each_stage_module_command():
 
     names = [c.name for c in cli.COMMANDS]
     assert len(names) == len(set(names))
-    assert names[:len(cli.STAGES)] == ["model", "probe", "select", "quantize", "check", "patch-verify", "control",
+    assert names[:len(cli.STAGES)] == ["params", "model", "probe", "select", "quantize", "check", "patch-verify", "control",
                                        "export", "benchmark", "manifest", "bundle"]
     assert {"images", "run", "pull", "ls", "release"} <= set(names)
     for c in cli.COMMANDS:  # each also stands alone, as its stage script runs it

@@ -1,3 +1,4 @@
+import json
 import shutil
 
 import pytest
@@ -35,12 +36,19 @@ def test_a_namespace_is_read_without_the_fleet(tmp_path):
     assert fleet.namespace(tmp_path / "p.yaml", "benchmark") == {}
 
 
-def test_auto_platform_follows_the_architecture():
+def _profile(name, **changes):
+    from edgepath.profile import HardwareProfile
+
+    return HardwareProfile.from_dict({**json.loads((ROOT / "profiles" / f"{name}.json").read_text()), **changes})
+
+
+def test_auto_platform_is_the_one_the_kind_of_device_runs_on():
     t = fleet.Target("host", "probe", "speed", "auto")
-    assert t.resolve_platform("x86_64") == "linux/amd64"
-    assert t.resolve_platform("aarch64") == "linux/arm64"
+    assert t.resolve_platform(_profile("x86-avx2")) == "linux/amd64"
+    assert t.resolve_platform(_profile("arm64-server")) == "linux/arm64"
+    assert t.resolve_platform(_profile("phone-npu")) == "linux/amd64"  # an aarch64 phone: its export toolchain's
     with pytest.raises(EdgepathError, match="riscv64"):
-        t.resolve_platform("riscv64")
+        t.resolve_platform(_profile("x86-avx2", arch="riscv64"))
 
 
 def mutate(data, tag, **fields):
@@ -52,6 +60,13 @@ def mutate(data, tag, **fields):
     (lambda d: mutate(d, "x86-avx2", priority="fast"), r"targets\.x86-avx2\.priority: 'fast'"),
     (lambda d: mutate(d, "x86-avx2", platform="windows/amd64"), r"x86-avx2\.platform"),
     (lambda d: mutate(d, "x86-avx2", profile="profiles/nope.json"), r"no such profile file 'profiles/nope.json'"),
+    (lambda d: mutate(d, "x86-avx2", profile="/etc/passwd"), r"targets\.x86-avx2\.profile: '/etc/passwd' is not a path "
+                                                              r"inside the repository"),
+    (lambda d: mutate(d, "x86-avx2", profile="../x86-avx2.json"), r"'\.\./x86-avx2\.json' leads outside the "
+                                                                   r"repository"),
+    (lambda d: mutate(d, "x86-avx2", profile="profiles/../../x.json"), r"leads outside the repository"),
+    (lambda d: mutate(d, "x86-avx2", profile="~/x.json"), r"not a path inside the repository"),
+    (lambda d: mutate(d, "x86-avx2", profile="profiles"), r"'profiles' is not a regular file"),
     (lambda d: mutate(d, "x86-avx2", prority="speed"), r"targets\.x86-avx2\.prority: unknown key"),
     (lambda d: d["targets"]["gpu-cuda"].pop("platform") and d, r"targets\.gpu-cuda\.platform: missing"),
     (lambda d: {**d, "targets": [{"tag": "host"}]}, "a mapping, not a list"),
@@ -75,7 +90,7 @@ def test_unreadable_params_file(tmp_path):
     (tmp_path / "params.yaml").write_text("targets: [unclosed\n")
     with pytest.raises(EdgepathError, match="not valid YAML"):
         fleet.load(tmp_path / "params.yaml")
-    with pytest.raises(EdgepathError, match="no such params file"):
+    with pytest.raises(EdgepathError, match=r"missing\.yaml: no such file \(the params file"):
         fleet.load(tmp_path / "missing.yaml")
 
 
@@ -85,8 +100,44 @@ def test_a_cpu_build_in_vllm_needs_the_cpus_own_platform():
     arm = HardwareProfile.from_dict(yaml.safe_load((ROOT / "profiles/arm64-server.json").read_text()))
     vllm_build = {"name": "w4a16-tinygemm", "runs_in_vllm": True}
     fleet.check_platform("arm64-server", "linux/arm64", vllm_build, arm)
-    with pytest.raises(EdgepathError, match="arm64-server: its w4a16-tinygemm build .* must be linux/arm64, not "
-                                            "linux/amd64"):
+    with pytest.raises(EdgepathError, match=r"arm64-server: its w4a16-tinygemm build .* must be linux/arm64 "
+                                            r"\(or auto\), not linux/amd64"):
         fleet.check_platform("arm64-server", "linux/amd64", vllm_build, arm)
-    # a build made on a build machine (a phone's export) may be made on any platform
-    fleet.check_platform("arm64-server", "linux/amd64", {"name": "w4a8-xnnpack", "runs_in_vllm": False}, arm)
+    # the platform follows the kind of device, whichever build: select and images plan agree
+    with pytest.raises(EdgepathError, match="must be linux/arm64"):
+        fleet.check_platform("arm64-server", "linux/amd64", {"name": "w4a8-xnnpack", "runs_in_vllm": False}, arm)
+
+
+def test_a_profile_symlink_that_leads_out_is_refused(project):
+    root, data = project
+    (root / "profiles" / "zero.json").symlink_to("/dev/zero")
+    with pytest.raises(EdgepathError, match=r"targets\.x86-avx2\.profile: 'profiles/zero\.json' leads outside"):
+        fleet.parse(mutate(data, "x86-avx2", profile="profiles/zero.json"), root=root)
+
+
+@pytest.mark.parametrize("tag", ["host\n", "x;touch F;", "$(id)", "Host", "a b", "-a", "a" * 64, "", 3, None])
+def test_a_tag_that_is_not_a_device_tag_is_refused(tag):
+    with pytest.raises(EdgepathError, match=r"--target: .* is not a device tag \(a device tag is lower-case"):
+        fleet.check_tag(tag, "--target")
+
+
+def test_the_tag_pattern_is_the_selection_schemas():
+    from edgepath import records
+
+    tag = records.schema("selection")["$defs"]["tag"]
+    assert records.schema("params")["properties"]["targets"]["propertyNames"] == {
+        "$ref": "selection.schema.json#/$defs/tag"}
+    assert fleet.check_tag("arm64-server") == "arm64-server" and fleet.check_tag("a" * 63)
+    assert "hint" in tag
+
+
+def test_a_device_runs_on_one_platform_by_kind():
+    for name, platform in [("xeon-amx", "linux/amd64"), ("arm64-server", "linux/arm64"),
+                           ("phone-npu", "linux/amd64"), ("gpu-cuda", "linux/amd64")]:
+        fleet.check_platform(name, platform, None, _profile(name))
+    with pytest.raises(EdgepathError, match=r"target phone-npu: its build is an export, made by a toolchain for "
+                                            r"linux/amd64 only, so its platform must be linux/amd64 \(or auto\), "
+                                            r"not linux/arm64"):
+        fleet.check_platform("phone-npu", "linux/arm64", None, _profile("phone-npu"))
+    with pytest.raises(EdgepathError, match=r"its w4a16-tinygemm build runs on the device's aarch64 CPU"):
+        fleet.check_platform("arm64-server", "linux/amd64", {"name": "w4a16-tinygemm"}, _profile("arm64-server"))

@@ -169,8 +169,28 @@ def test_no_image_for_an_unknown_architecture():
 
 def test_a_target_whose_platform_its_image_lacks_is_refused():
     target = fleet.Target("arm64-server", "profiles/arm64-server.json", "speed", "linux/amd64")
-    with pytest.raises(EdgepathError, match="arm64-server.*cpu-arm64.*linux/arm64.*linux/amd64"):
+    with pytest.raises(EdgepathError, match=r"arm64-server.*aarch64 CPU.*must be linux/arm64 \(or auto\), "
+                                            r"not linux/amd64"):
         images.image_for_target(target, ROOT)
+    phone = fleet.Target("phone-npu", "profiles/phone-npu.json", "speed", "linux/arm64")
+    with pytest.raises(EdgepathError, match=r"phone-npu.*export.*must be linux/amd64 \(or auto\), not linux/arm64"):
+        images.image_for_target(phone, ROOT)
+
+
+@pytest.mark.parametrize("kind", list(coverage.DeviceClass))
+def test_each_device_image_is_built_for_the_platform_the_fleet_rule_names(kind):
+    """select and images plan apply one rule (fleet.check_platform); the image serving a
+    kind of device is built for exactly that rule's platform."""
+    assert images.IMAGES[images.IMAGE_OF_DEVICE[kind]].platforms == (fleet.PLATFORM_OF_DEVICE[kind],)
+
+
+def test_a_target_argument_is_checked_in_either_form():
+    assert images.target_argument("select", ["--profile", "p.json", "--target=arm64-server"]) == "arm64-server"
+    assert images.target_argument("quantize", ["--path", "w4a8-amx"]) is None
+    with pytest.raises(EdgepathError, match=r"select --target: 'x;id' is not a device tag"):
+        images.target_argument("select", ["--target", "x;id"])
+    with pytest.raises(EdgepathError, match="probe: --target needs a device tag"):
+        images.target_argument("probe", ["--target"])
 
 
 def test_plan_tags_every_captured_device_and_leaves_the_probed_host_out():

@@ -120,6 +120,6 @@ def test_benchmark_worker_that_cannot_start_says_why(tmp_path):
 def test_benchmark_refuses_a_control_made_from_another_model(tiny, default_model, tmp_path):
     _, _, control_dir = tiny
     with pytest.raises(EdgepathError, match="made from another model"):
-        benchmark.run([], default_model / "model.json", tmp_path, tmp_path, control_dir, tmp_path / "out",
-                      None, benchmark.Settings())
+        benchmark.run([], default_model / "model.json", tmp_path / "weights", tmp_path / "verify", control_dir,
+                      tmp_path / "out", None, benchmark.Settings())
     assert not (tmp_path / "out").exists()

@@ -1,6 +1,8 @@
-"""The model stage: the real GGUF -> bf16 conversion, and refusal of bad directories."""
+"""The model stage: the real GGUF -> bf16 conversion, and refusal of bad directories
+(on a tiny Llama with a word-level tokenizer: no conversion needed)."""
 
 import json
+import os
 import shutil
 
 import pytest
@@ -9,6 +11,16 @@ from edgepath import hf_model, model, records
 from edgepath.errors import EdgepathError
 
 from .conftest import write_tiny_llama
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    """A folder holding a tokenizer.json of the tiny model's 64 tokens."""
+    from tokenizers import Tokenizer, models
+
+    d = tmp_path_factory.mktemp("tok")
+    Tokenizer(models.WordLevel({f"t{i}": i for i in range(64)}, unk_token="t0")).save(str(d / "tokenizer.json"))
+    return d
 
 
 def test_embedded_default_converts_to_a_complete_bf16_directory(default_model):
@@ -53,13 +65,13 @@ def test_local_directory_is_validated_in_place_not_copied(default_model, tmp_pat
     assert records.model_directory(out / "model.json", record) == (default_model / "hf").resolve()
 
 
-def test_fingerprint_tracks_layout_digest_tracks_bytes(default_model, tmp_path):
-    a = hf_model.inspect(write_tiny_llama(tmp_path / "a", default_model / "hf"))
-    b_dir = write_tiny_llama(tmp_path / "b", default_model / "hf")
+def test_fingerprint_tracks_layout_digest_tracks_bytes(tok, tmp_path):
+    a = hf_model.inspect(write_tiny_llama(tmp_path / "a", tok))
+    b_dir = write_tiny_llama(tmp_path / "b", tok)
     (b_dir / "generation_config.json").write_text("{}")
     b = hf_model.inspect(b_dir)
     assert a["fingerprint"] == b["fingerprint"] and a["digest"] != b["digest"]
-    c = hf_model.inspect(write_tiny_llama(tmp_path / "c", default_model / "hf", rms_norm_eps=1e-6))
+    c = hf_model.inspect(write_tiny_llama(tmp_path / "c", tok, rms_norm_eps=1e-6))
     assert c["fingerprint"] != a["fingerprint"]
 
 
@@ -97,30 +109,30 @@ def _shard_missing(d):
     (lambda d: (d / "config.json").unlink(), "no config.json"),
     (lambda d: (d / "config.json").write_text("{oops"), "config.json: not valid JSON"),
 ])
-def test_bad_directories_are_refused_naming_the_problem(default_model, tmp_path, damage, message):
-    d = write_tiny_llama(tmp_path / "m", default_model / "hf")
+def test_bad_directories_are_refused_naming_the_problem(tok, tmp_path, damage, message):
+    d = write_tiny_llama(tmp_path / "m", tok)
     damage(d)
     with pytest.raises(EdgepathError, match=message):
         hf_model.inspect(d)
 
 
-def test_unhandled_architecture_is_refused(default_model, tmp_path):
-    d = write_tiny_llama(tmp_path / "m", default_model / "hf", architectures=["GPT2LMHeadModel"])
+def test_unhandled_architecture_is_refused(tok, tmp_path):
+    d = write_tiny_llama(tmp_path / "m", tok, architectures=["GPT2LMHeadModel"])
     with pytest.raises(EdgepathError, match="GPT2LMHeadModel is not handled.*LlamaForCausalLM"):
         hf_model.inspect(d)
 
 
-def test_config_that_disagrees_with_the_weights_is_refused(default_model, tmp_path):
-    d = write_tiny_llama(tmp_path / "m", default_model / "hf", hidden_size=128)
+def test_config_that_disagrees_with_the_weights_is_refused(tok, tmp_path):
+    d = write_tiny_llama(tmp_path / "m", tok, hidden_size=128)
     with pytest.raises(EdgepathError, match=r"embed_tokens.weight is \[64, 64\].*\[64, 128\]"):
         hf_model.inspect(d)
 
 
-def test_refused_source_leaves_the_previous_output_untouched(default_model, tmp_path):
+def test_refused_source_leaves_the_previous_output_untouched(tok, tmp_path):
     out = tmp_path / "out"
-    model.run(out, source=str(write_tiny_llama(tmp_path / "good", default_model / "hf")))
+    model.run(out, source=str(write_tiny_llama(tmp_path / "good", tok)))
     before = (out / "model.json").read_bytes()
-    bad = write_tiny_llama(tmp_path / "bad", default_model / "hf")
+    bad = write_tiny_llama(tmp_path / "bad", tok)
     _truncate(bad)
     with pytest.raises(EdgepathError, match="truncated"):
         model.run(out, source=str(bad))
@@ -148,3 +160,62 @@ def test_copied_directory_keeps_its_identity(default_model, tmp_path):
     copy = shutil.copytree(default_model / "hf", tmp_path / "copy")
     a = records.read(default_model / "model.json", "model")
     assert hf_model.inspect(copy)["digest"] == a["digest"]
+
+
+def test_symlinks_inside_the_directory_are_read_and_recorded(tok, tmp_path):
+    d = write_tiny_llama(tmp_path / "m", tok)
+    (d / "weights").mkdir()
+    (d / "model.safetensors").rename(d / "weights" / "model-00001-of-00001.safetensors")
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+        "model.embed_tokens.weight": "weights/model-00001-of-00001.safetensors"}}))
+    (d / "generation_config.json").symlink_to("config.json")
+    record = hf_model.inspect(d)
+    assert record["parameters"] > 0
+    listed = {f["path"]: f["sha256"] for f in record["files"]}
+    assert listed["weights/model-00001-of-00001.safetensors"] == hf_model.sha256_file(
+        d / "weights" / "model-00001-of-00001.safetensors")
+    assert listed["generation_config.json"] == listed["config.json"]
+
+
+def test_a_closed_directory_is_checked_without_file_digests_too(tok, tmp_path):
+    """quantize and export inspect without digests: they read the same files."""
+    d = write_tiny_llama(tmp_path / "m", tok)
+    (d / "extra.json").symlink_to(tmp_path / "elsewhere.json")
+    (tmp_path / "elsewhere.json").write_text("{}")
+    with pytest.raises(EdgepathError, match="extra.json: a symlink leading out"):
+        hf_model.inspect(d, with_file_digests=False)
+
+
+def test_hashing_a_fifo_is_refused_not_waited_on(tmp_path):
+    os.mkfifo(tmp_path / "pipe")
+    with pytest.raises(EdgepathError, match="pipe: a FIFO, not a regular file"):
+        hf_model.sha256_file(tmp_path / "pipe")
+
+
+def test_safetensors_written_by_the_library_pass_the_layout_check(tok, tmp_path):
+    d = write_tiny_llama(tmp_path / "m", tok)
+    hf_model.check_safetensors_layout(d / "model.safetensors")
+    empty = tmp_path / "empty.safetensors"
+    header = b'{"__metadata__":{"format":"pt"}}'
+    empty.write_bytes(len(header).to_bytes(8, "little") + header)
+    hf_model.check_safetensors_layout(empty)
+
+
+def test_source_from_params_is_relative_to_the_params_file(tmp_path):
+    (tmp_path / "p").mkdir()
+    params = tmp_path / "p" / "params.yaml"
+    params.write_text("model:\n  source: 'models/my model; $(x)'\n")
+    assert model.source_from_params(params) == str(tmp_path / "p" / "models" / "my model; $(x)")
+    params.write_text("model:\n  source: embedded\n")
+    assert model.source_from_params(params) == model.EMBEDDED
+    params.write_text("targets: {}\n")
+    assert model.source_from_params(params) == model.EMBEDDED
+
+
+def test_out_over_the_source_is_refused_and_the_model_kept(tok, tmp_path):
+    d = write_tiny_llama(tmp_path / "m", tok)
+    before = {p.name: p.read_bytes() for p in d.iterdir()}
+    for out in (d, d / "record", tmp_path):
+        with pytest.raises(EdgepathError, match="overlaps what this command reads|current directory"):
+            model.run(out, source=str(d))
+    assert {p.name: p.read_bytes() for p in d.iterdir()} == before

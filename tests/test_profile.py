@@ -54,6 +54,18 @@ def test_not_an_object_is_refused():
         HardwareProfile.from_dict(["x86_64"])
 
 
+@pytest.mark.parametrize("text, message", [
+    ('["x86_64"]', "p.json: a JSON array where a JSON object is expected"),
+    ("[" * 100_000, "p.json: JSON nested deeper than"),
+    ('{"a": ' * 100 + "1" + "}" * 100, "p.json: JSON nested deeper than"),
+    ("\x00\x01garbage", "p.json: not valid JSON"),
+    ("", "p.json: not valid JSON"),
+])
+def test_from_json_refuses_what_is_not_a_profile_object_naming_where(text, message):
+    with pytest.raises(EdgepathError, match=message):
+        HardwareProfile.from_json(text, "p.json")
+
+
 def test_digest_ignores_available_memory_only():
     a, b = sample(), dataclasses.replace(sample(), ram_available_bytes=1)
     assert a.digest() == b.digest()

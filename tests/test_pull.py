@@ -172,6 +172,7 @@ def test_pull_through_dvc_refuses_what_is_missing_extra_altered_or_escaping(tmp_
     receipt = pulled("out/a/x", "out/a/w", "out/y")
     assert {f["path"] for f in receipt["files"]} == {"a/x", "a/w", "y"}
     assert (tmp_path / "got" / "a" / "w").read_text() == "three\n" and receipt["remote"]["name"] == "local"
+    assert pulled("out/a/x", "out/a/w", "out/y") == receipt  # again, over its own earlier pull (its receipt)
     with pytest.raises(EdgepathError, match=r"out/a/w: extra: the remote holds it beside dev's build"):
         pulled("out/a/x", "out/y")
     with pytest.raises(EdgepathError, match=r"refused path '\.\./escape'"):
@@ -196,7 +197,8 @@ def test_pull_through_dvc_refuses_what_is_missing_extra_altered_or_escaping(tmp_
 def test_pull_refuses_to_overwrite_a_directory_it_did_not_write(tmp_path):
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep")
-    with pytest.raises(EdgepathError, match="not an earlier pull"):
+    with pytest.raises(EdgepathError, match=r"mine: holds files edgepath did not write there \(notes.txt\).*"
+                                            r"no edgepath-pull.json"):
         pull.pull(tmp_path, "host", tmp_path / "mine")
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
 

@@ -1,0 +1,9 @@
+"""DVC entry point of the params stage: `edgepath params` (see its --help)."""
+
+import sys
+
+from edgepath import command
+from edgepath.fleet import COMMAND
+
+if __name__ == "__main__":
+    sys.exit(command.run(COMMAND, sys.argv[1:]))
