@@ -56,9 +56,7 @@ PROC_FILE_LIMIT = 3 << 20
 """The most the probe reads of one /proc or /sys file (``/dev/zero`` in a snapshot
 must not be read until memory runs out). /proc/cpuinfo is the largest: about 1.6 kB
 per logical CPU on x86 (its flags line), so 3 MiB holds some 1900 CPUs, more than an
-edge device or a two-socket server has; the other files are a few kB. It stays under
-4 MiB because a /proc/sys file refuses a read() that asks for that much (ENOMEM),
-and ``files.read_bytes`` asks for the whole limit in one read."""
+edge device or a two-socket server has; the other files are a few kB."""
 _ROOT_HINT = "the probe reads a device's filesystem root: / or a snapshot from `edgepath probe --capture-snapshot`"
 
 # /proc/cpuinfo spells some Arm features differently from the names the
