@@ -255,17 +255,9 @@ CHECKED = records.dumps({
 
 def _write_checked(out: str) -> None:
     """Write ``CHECKED`` to ``out``, replacing only an earlier copy of it or an empty file."""
-    from . import atomic
-
-    path = files.path_of(out, "--out")
     data = CHECKED.encode()
-    if path.exists() or path.is_symlink():
-        own = (path.is_file() and not path.is_symlink() and path.stat().st_size in (0, len(data))
-               and path.read_bytes() in (b"", data))
-        if not own:
-            raise EdgepathError(f"{out}: exists and is not an earlier params check's output; not replaced "
-                                f"(remove it, or write elsewhere)")
-    atomic.write_text(path, CHECKED)
+    records.write_over_own(out, CHECKED, lambda p: p.stat().st_size in (0, len(data))
+                           and p.read_bytes() in (b"", data), "an earlier params check's output")
 
 
 def _cmd(args: argparse.Namespace) -> None:

@@ -248,17 +248,15 @@ def _cmd_plan(args: argparse.Namespace) -> None:
 def _write_bake(out: str, text: str) -> None:
     """Write a bake file to ``out``, replacing only an earlier bake file (a JSON object of
     ``bake``'s keys), never a user's file, a directory or a link."""
-    from . import atomic, files
+    from . import files, records
 
-    path = files.path_of(out, "--out")
-    if path.exists() or path.is_symlink():
+    def is_bake_file(path: Path) -> bool:
         try:
-            earlier = None if path.is_symlink() else files.read_json(path)
+            return files.read_json(path).keys() == {"variable", "group", "target"}
         except EdgepathError:
-            earlier = None
-        if not (isinstance(earlier, dict) and earlier.keys() == {"variable", "group", "target"}):
-            raise EdgepathError(f"{out}: exists and is not a bake file; not replaced (remove it, or write elsewhere)")
-    atomic.write_text(path, text)
+            return False
+
+    records.write_over_own(out, text, is_bake_file, "a bake file")
 
 
 def _cmd_bake(args: argparse.Namespace) -> None:

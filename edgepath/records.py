@@ -95,12 +95,20 @@ def write(path: str | os.PathLike, name: str, record: dict[str, Any]) -> None:
     ``path`` is replaced only when it is an earlier record of ``name`` (or empty):
     never a directory, a user's file, or another kind of record."""
     validate(name, record, where=str(path))
-    path = files.path_of(path, "output file")
-    if path.exists() or path.is_symlink():
-        if not _is_own(path, name, allow_empty=True):
-            raise EdgepathError(f"{path}: exists and is not an edgepath {name} record; not replaced "
-                                f"(remove it, or write elsewhere)")
-    atomic.write_text(path, dumps(record))
+    write_over_own(path, dumps(record), lambda p: _is_own(p, name, allow_empty=True),
+                   f"an edgepath {name} record", argument="output file")
+
+
+def write_over_own(out: str | os.PathLike, text: str, is_own: Callable[[Path], bool], what: str,
+                   argument: str = "--out") -> None:
+    """Write ``text`` atomically to the file ``out`` (named ``argument`` where it is
+    empty). An existing ``out`` is replaced only when it is a regular file, not a link,
+    that ``is_own`` recognises as an earlier ``what``: a user's file, a directory or a
+    link is refused, naming it, and left as it was."""
+    path = files.path_of(out, argument)
+    if (path.exists() or path.is_symlink()) and (path.is_symlink() or not path.is_file() or not is_own(path)):
+        raise EdgepathError(f"{out}: exists and is not {what}; not replaced (remove it, or write elsewhere)")
+    atomic.write_text(path, text)
 
 
 def read(path: str | os.PathLike, name: str, missing: str = "has the stage that writes it run?") -> dict[str, Any]:
