@@ -113,6 +113,20 @@ def breakdown() -> dict:
     return out
 
 
+def _increase(fidelity: dict) -> str:
+    """An arm's perplexity increase over bf16: the mean over the held-out genres and the
+    worst genre; a run from before per-genre fidelity had only one novel's perplexity."""
+    if "mean_increase_pct" not in fidelity:
+        return f"(perplexity {fidelity['perplexity']} on one novel)"
+    worst = fidelity["worst"]
+    return (f"{fidelity['mean_increase_pct']:+.1f} % ({worst['genre']} {worst['increase_pct']:+.1f} %)"
+            if worst else "-")
+
+
+def _control_increase(control: dict | None) -> str:
+    return "(not measured)" if control is None else _increase(control)
+
+
 def _markdown(record: dict) -> str:
     lines = ["# Builds against their controls (benchmarks/builds.py)", "",
              f"Command: `{record['command']}`, {record['date']}, {record['cpu']}, {record['threads']} threads.", ""]
@@ -121,10 +135,12 @@ def _markdown(record: dict) -> str:
         lines += ["## Compare (the benchmark stage's run)", "",
                   f"Load: other processes used median {c['load']['other_cpu_share']['median']:.1%} (max "
                   f"{c['load']['other_cpu_share']['max']:.1%}) of the CPU while an engine was measured; memory "
-                  f"read bandwidth {c['read_bandwidth_gb_s']} GB/s; llama.cpp F16 / vLLM bf16 perplexity "
-                  f"{c['f16_perplexity_over_bf16']}.", "",
+                  f"read bandwidth {c['read_bandwidth_gb_s']} GB/s; llama.cpp F16 / vLLM bf16 perplexity per genre "
+                  f"{c['f16_perplexity_over_bf16']}. Perplexity increase over vLLM bf16 on each held-out genre; "
+                  f"the mean and the worst genre.", "",
                   "| arm | bits/weight | decode tok/s (min-max) | prefill tok/s (min-max) | decode share of bandwidth "
-                  "| start cold / warm s | RssAnon MiB (peak) | perplexity | top-1 vs bf16 | prompts reproduced |",
+                  "| start cold / warm s | RssAnon MiB (peak) | perplexity increase: mean (worst genre) "
+                  "| top-1 vs bf16 | prompts reproduced |",
                   "|---|---|---|---|---|---|---|---|---|---|"]
         for a in c["arms"]:
             d, p, f = a["decode_tok_s"], a["prefill_tok_s"], a["fidelity"]
@@ -134,14 +150,15 @@ def _markdown(record: dict) -> str:
                 f"{p['median']:.0f} ({p['min']:.0f}-{p['max']:.0f}) | {a['decode_bandwidth_share']:.0%} | "
                 f"{a['start']['cold_s']:.1f} / {a['start']['warm_s']:.1f} | "
                 f"{mem['rss_anon_after_start_bytes'] / 2**20:.0f} ({mem['rss_anon_peak_bytes'] / 2**20:.0f}) | "
-                f"{f['perplexity']:.2f} | {f['top1_vs_bf16']:.3f} | {f['prompts_reproduced']}/{f['prompts']} |")
+                f"{_increase(f)} | {f['top1_vs_bf16']:.3f} | {f['prompts_reproduced']}/{f['prompts']} |")
         for a in c["arms"]:
             if a["ratios"]:
                 r = a["ratios"]
                 lines += ["", f"{a['name']}: decode {r['decode_vs_bf16']}x vLLM bf16 and {r['decode_vs_llama_q4_k_m']}x "
                           f"llama.cpp Q4_K_M; prefill {r['prefill_vs_bf16']}x and {r['prefill_vs_llama_q4_k_m']}x; "
-                          f"perplexity +{r['perplexity_increase']} over bf16 against Q4_K_M's "
-                          f"+{r['llama_q4_k_m_perplexity_increase']}; prompts reproduced "
+                          f"perplexity {_increase(a['fidelity'])} over bf16 against Q4_K_M's "
+                          f"{_control_increase(r['llama_q4_k_m'])} and Q4_0's {_control_increase(r['llama_q4_0'])}; "
+                          f"prompts reproduced "
                           f"{a['fidelity']['prompts_reproduced']} against Q4_K_M's {r['llama_q4_k_m_prompts_reproduced']}."]
         not_here = {p: s["detail"] for p, s in c["paths"].items() if s["state"] != "measured"}
         lines += [""] + [f"- {p}: not measured here: {why}" for p, why in not_here.items()]
@@ -151,7 +168,7 @@ def _markdown(record: dict) -> str:
         lines += ["", f"### Reproduced? This run against the previous one ({old_run['date']})", "",
                   "A median inside the other run's min-max reproduces it; fidelity is deterministic.", "",
                   "| arm | decode: this run (min-max) / previous median | prefill: this run (min-max) / previous "
-                  "median | perplexity this / previous |", "|---|---|---|---|"]
+                  "median | perplexity increase (mean over genres) this / previous |", "|---|---|---|---|"]
         for a in new_run["arms"]:
             b = previous.get(a["name"])
             if b is None:
@@ -164,7 +181,7 @@ def _markdown(record: dict) -> str:
                         f"{'(within)' if inside else '(OUTSIDE)'}")
 
             lines.append(f"| {a['name']} | {cell('decode_tok_s')} | {cell('prefill_tok_s')} | "
-                         f"{a['fidelity']['perplexity']} / {b['fidelity']['perplexity']} |")
+                         f"{_increase(a['fidelity'])} / {_increase(b['fidelity'])} |")
     if "breakdown" in record["parts"]:
         b = record["parts"]["breakdown"]["result"]
         lines += ["", "## Where a decode step's time goes (PyTorch profiler, 128 steps, batch 1)", "",

@@ -1,4 +1,6 @@
-"""Offline text corpora for calibration and evaluation: Jane Austen's six novels.
+"""Offline text corpora for calibration and evaluation: the ``Document`` every
+corpus is made of, and Jane Austen's six novels (the multi-genre mix is
+edgepath/genres.py's).
 
 The texts (public domain) come from Debian's package ``r-cran-janeaustenr``,
 which ``scripts/fetch_corpora.sh`` (run by ``scripts/setup.sh``) unpacks into
@@ -26,6 +28,7 @@ database or object rdata cannot read is refused, naming the file.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -41,6 +44,31 @@ from .errors import EdgepathError
 NOVELS = ("emma", "mansfieldpark", "northangerabbey", "persuasion", "prideprejudice",
           "sensesensibility")
 _PACKAGE = "janeaustenr"
+
+
+@dataclasses.dataclass(frozen=True)
+class Document:
+    """One unit of a corpus's split: calibrated on or held out (``held_out``), never
+    both. Prose, code and the like are ``text``; dialogue is ``conversations``, each a
+    tuple of ``{"role", "content"}`` messages, rendered through the model's own chat
+    template where tokenized. ``origin``: where it was read (``package==version:
+    path``), ``license``: under which terms."""
+
+    genre: str
+    held_out: bool
+    origin: str
+    license: str
+    text: str = ""
+    conversations: tuple = ()
+
+    def __post_init__(self):
+        if bool(self.text) == bool(self.conversations):
+            raise ValueError(f"{self.origin}: a document is text or conversations, exactly one")
+
+    @property
+    def content(self) -> str:
+        """What ``corpus_digest`` covers: the text, or the conversations as JSON."""
+        return self.text or json.dumps(self.conversations, ensure_ascii=False)
 
 
 def read_lazyload_db(base: Path) -> dict[str, Any]:

@@ -92,8 +92,8 @@ class XnnpackSettings:
 class Settings:
     qnn: QnnSettings = QnnSettings()
     xnnpack: XnnpackSettings = XnnpackSettings()
-    corpus: str = "austen"
-    holdout: tuple[str, ...] = ("persuasion",)
+    corpus: str = Calibration.corpus
+    holdout: tuple[str, ...] = Calibration.holdout
     seed: int = 0
 
     @classmethod

@@ -75,8 +75,7 @@ def _quantization_summary(report: dict[str, Any], check: dict[str, Any]) -> dict
         "head": report["head"]["stored"],
         "search": report["algorithm"]["search"],
         "calibration": {k: report["calibration"][k] for k in ("corpus", "samples", "length", "chat_samples")},
-        "perplexity": {"reference": report["fidelity"]["perplexity_reference"],
-                       "quantized": report["fidelity"]["perplexity_quantized"]},
+        "perplexity": _quantize_fidelity(report["fidelity"]),
         "engine_check": {
             "passed": check["passed"], "engine": check["engine"], "activation_mode": check["activation_mode"],
             "kernel_op": check["kernel_op"], "ran_kernel": check["ran_kernel"], "not_run": check["not_run"],
@@ -84,6 +83,17 @@ def _quantization_summary(report: dict[str, Any], check: dict[str, Any]) -> dict
             "note": check["w4a8_gate_lifted"],
         },
     }
+
+
+def _quantize_fidelity(fidelity: dict[str, Any]) -> dict[str, Any] | None:
+    """The quantize stage's held-out perplexity, the dequantized checkpoint's against
+    the model's in transformers: per genre, the mean increase and the worst genre; None
+    where it was not measured."""
+    if not fidelity.get("genres"):
+        return None
+    return {"genres": {g: {"reference": f["perplexity_reference"], "quantized": f["perplexity_quantized"],
+                           "increase_pct": f["increase_pct"]} for g, f in fidelity["genres"].items()},
+            "mean_increase_pct": fidelity["mean_increase_pct"], "worst": fidelity["worst"]}
 
 
 def _build(selection: dict[str, Any], model_record: dict[str, Any], model_dir: Path, weights_dir: Path,
@@ -313,7 +323,9 @@ def _benchmark(selection: dict[str, Any], record: dict[str, Any] | None, record_
                         "cold_start_s": arm["start"]["cold_s"], "warm_start_s": arm["start"]["warm_s"],
                         "rss_anon_bytes": arm["memory"]["rss_anon_after_start_bytes"],
                         "rss_anon_peak_bytes": arm["memory"]["rss_anon_peak_bytes"],
-                        "perplexity": fid["perplexity"], "top1_vs_bf16": fid["top1_vs_bf16"],
+                        "mean_increase_pct": fid["mean_increase_pct"], "worst": fid["worst"],
+                        "increase_pct": {g: f["increase_pct"] for g, f in fid["genres"].items()},
+                        "top1_vs_bf16": fid["top1_vs_bf16"],
                         "prompts_reproduced": fid["prompts_reproduced"], "prompts": fid["prompts"]},
             "ratios": arm["ratios"],
             "run": {**run, "record": run["record"] or reference["record"]}}
@@ -325,9 +337,15 @@ def target_metrics(manifest: dict[str, Any]) -> dict[str, Any]:
     for t in manifest["targets"]:
         b = t["benchmark"]
         if "figures" in b:
-            metrics[t["tag"]] = {**{k: b["figures"][k] for k in ("decode_tok_s", "prefill_tok_s", "perplexity",
-                                                                 "prompts_reproduced")},
-                                 **{k: b["ratios"][k] for k in ("decode_vs_bf16", "decode_vs_llama_q4_k_m")}}
+            f, r = b["figures"], b["ratios"]
+            metrics[t["tag"]] = {"decode_tok_s": f["decode_tok_s"], "prefill_tok_s": f["prefill_tok_s"],
+                                 "mean_increase_pct": f["mean_increase_pct"], "worst_genre": f["worst"]["genre"],
+                                 "worst_increase_pct": f["worst"]["increase_pct"],
+                                 "prompts_reproduced": f["prompts_reproduced"],
+                                 "decode_vs_bf16": r["decode_vs_bf16"],
+                                 "decode_vs_llama_q4_k_m": r["decode_vs_llama_q4_k_m"],
+                                 **{f"increase_vs_{key}": r[key]["increase_ratio"]
+                                    for key in ("llama_q4_k_m", "llama_q4_0") if r[key]}}
         elif "export" in t:  # a phone: its program against fp32, and its decode off-device
             parity, check = t["export"]["parity"], t["export"].get("runtime_check")
             metrics[t["tag"]] = {"top1_vs_fp32": parity["top1_agreement"], "kl_vs_fp32": parity["kl_nats"],
@@ -402,6 +420,12 @@ def _verified_cell(verification: dict[str, Any]) -> str:
     return ("yes" if verification["verified"] else "NO") + (" (here)" if verification["state"] == "passed" else "")
 
 
+def _increase(mean: float, worst: dict[str, Any]) -> str:
+    """A mean perplexity increase over the genres and the worst genre, as ``manifest show``
+    prints them."""
+    return f"{mean:+.1f} % mean, worst {worst['genre']} {worst['increase_pct']:+.1f} %"
+
+
 def _benchmark_line(b: dict[str, Any]) -> str:
     if "figures" not in b:
         return f"{b['state']}: {b['detail']}"
@@ -410,12 +434,26 @@ def _benchmark_line(b: dict[str, Any]) -> str:
     def times(x: float | None) -> str:
         return "-" if x is None else f"{x:.2f}x"
 
-    llama_ppl = r["llama_q4_k_m_perplexity_increase"]
+    controls = "; ".join(f"llama.cpp {name} {_increase(c['mean_increase_pct'], c['worst'])}"
+                         for name, c in (("Q4_K_M", r["llama_q4_k_m"]), ("Q4_0", r["llama_q4_0"])) if c)
+    reproduced = r["llama_q4_k_m_prompts_reproduced"]
     return (f"{b['state']} {b['run']['date'][:10]}: decode {f['decode_tok_s']:.1f} tok/s ({times(r['decode_vs_bf16'])} "
             f"vLLM bf16, {times(r['decode_vs_llama_q4_k_m'])} llama.cpp Q4_K_M), prefill {f['prefill_tok_s']:.0f} "
-            f"tok/s, perplexity {f['perplexity']:.2f} ({r['perplexity_increase']:+.2f} over bf16"
-            f"{'' if llama_ppl is None else f'; Q4_K_M {llama_ppl:+.2f}'}), {f['prompts_reproduced']}/{f['prompts']} "
-            f"prompts reproduced{'' if r['llama_q4_k_m_prompts_reproduced'] is None else ' (Q4_K_M ' + str(r['llama_q4_k_m_prompts_reproduced']) + ')'}")
+            f"tok/s, perplexity over bf16 on {len(f['increase_pct'])} held-out genres "
+            f"{_increase(f['mean_increase_pct'], f['worst'])}{f' ({controls})' if controls else ''}, "
+            f"{f['prompts_reproduced']}/{f['prompts']} prompts reproduced"
+            f"{'' if reproduced is None else f' (Q4_K_M {reproduced})'}")
+
+
+def _quantization_line(q: dict[str, Any]) -> str:
+    """What the quantize stage calibrated on and its own held-out perplexity (the
+    dequantized checkpoint against the model, in transformers)."""
+    ppl, calibration = q["perplexity"], q["calibration"]
+    measured = ("held-out perplexity not measured" if ppl is None else
+                f"perplexity over the model's on {len(ppl['genres'])} held-out genres "
+                f"{_increase(ppl['mean_increase_pct'], ppl['worst'])}")
+    return (f"calibrated on {calibration['samples']} x {calibration['length']} tokens of {calibration['corpus']}; "
+            f"{measured}")
 
 
 def version_cell(release: dict[str, Any]) -> str:
@@ -460,6 +498,8 @@ def render(manifest: dict[str, Any]) -> str:
         if fallback:
             lines.append(f"  - meanwhile: {fallback['state']}: {fallback['detail']}")
         lines.append(f"  - verification: {t['verification']['state']}: {t['verification']['detail']}")
+        if "quantization" in t:
+            lines.append(f"  - quantize: {_quantization_line(t['quantization'])}")
         lines.append(f"  - benchmark: {_benchmark_line(t['benchmark'])}")
         lines.append(f"  - release: {t['release']['state']}: {t['release']['detail']}")
     return "\n".join(lines) + "\n"

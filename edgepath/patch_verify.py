@@ -15,7 +15,9 @@ engine settings (its ``weight_paths`` record):
    compiled graph from the cache (vLLM's AOT-artifact counter), then it
    measures what ``engine_check`` measures: each quantized layer's linear
    method and kernel, the operators the profiler saw, teacher-forced top-1 on
-   held-out text and greedy continuations of the fixed prompts.
+   the engine check's held-out windows of every genre
+   (``engine_check.check_sequences``) and greedy continuations of the fixed
+   prompts.
 4. The same prompts and text run in PyTorch on the checkpoint's own weights
    dequantized (the kernel must reproduce the checkpoint's arithmetic: a
    format or packing mistake shows here and nowhere else) and on bf16.
@@ -41,6 +43,7 @@ from typing import Any
 from . import engine_check, files, records, weight_paths
 from .command import Command
 from .errors import EdgepathError
+from .fleet import Calibration
 from .profile import HardwareProfile
 from .weight_paths import WeightPathSpec
 
@@ -53,8 +56,9 @@ def _start(artifact: Path, engine: WeightPathSpec, cache_dir: Path, log: Path,
     ``cache_dir`` with the path's environment (``process_env``) and the prefix cache on;
     the engine's logs go to ``log``. Returns the engine's construction time
     (``start_s``), vLLM's count of compiled artifacts loaded from the cache, whether
-    the W4A8 gate was lifted (no AMX), the plugin's status and, with ``measure`` (sequences, prompts), the engine check's
-    measurements on them (``engine_check.measure_engine``, 64 greedy tokens)."""
+    the W4A8 gate was lifted (no AMX), the plugin's status and, with ``measure``
+    (windows, prompts), the engine check's measurements on them
+    (``engine_check.measure_engine``, 64 greedy tokens)."""
     from .engines.worker import EngineProcess, command
 
     cmd = command("vllm", artifact, quantization=engine.quantization, env=engine.process_env(),
@@ -118,11 +122,12 @@ def _patches(path_name: str, engine: WeightPathSpec, cold: dict[str, Any], warm:
 
 
 def run(path_name: str, artifact: str | os.PathLike, model_dir: str | os.PathLike,
-        out: str | os.PathLike, host: HardwareProfile, corpus: str = "austen",
-        holdout: tuple[str, ...] = ("persuasion",)) -> dict[str, Any]:
+        out: str | os.PathLike, host: HardwareProfile, corpus: str = Calibration.corpus,
+        holdout: tuple[str, ...] = Calibration.holdout) -> dict[str, Any]:
     """Verify ``artifact``, the checkpoint of ``path_name`` (module docstring), on
     ``host``, this machine's profile; writes and returns the record. ``corpus`` and
-    ``holdout``: where the held-out text of the comparison comes from."""
+    ``holdout``: the checkpoint's calibration, whose calibration documents the
+    held-out text of the comparison leaves out (``calibration.held_out_genres``)."""
     engine = weight_paths.get(path_name)
     if not engine.verifiable_by_patch_verify:
         raise EdgepathError(f"{path_name} is not a 4-bit vLLM CPU path; patch-verify runs "
@@ -156,7 +161,8 @@ def run(path_name: str, artifact: str | os.PathLike, model_dir: str | os.PathLik
     with tempfile.TemporaryDirectory(prefix="edgepath-verify-") as scratch:
         scratch = Path(scratch)
         cold = _start(artifact, engine, scratch / "cache", scratch / "cold.log")
-        warm = _start(artifact, engine, scratch / "cache", scratch / "warm.log", measure=(sequences, prompts))
+        warm = _start(artifact, engine, scratch / "cache", scratch / "warm.log",
+                      measure=(engine_check.all_windows(sequences), prompts))
     measured = warm["measured"]
     head = engine_check.header(engine.quantization, engine.w4a8)
     comparisons = engine_check.compare(measured, artifact, model_dir, sequences, prompts, 64)
@@ -200,7 +206,8 @@ def _cmd(args: argparse.Namespace) -> None:
 
 def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--path", required=True, help="weight path, e.g. w4a16-tinygemm")
-    p.add_argument("--params", default="params.yaml", help="where the held-out text comes from (calibration)")
+    p.add_argument("--params", default="params.yaml",
+                   help="the checkpoints' calibration: the held-out text leaves out what it calibrates on")
     p.add_argument("--weights", default="build/weights", help="where quantize@<path> wrote its checkpoints")
     p.add_argument("--model", default="build/model/model.json", help="the model record")
     p.add_argument("--out", required=True, help="the record to write")

@@ -22,8 +22,8 @@ from typing import Any
 from . import atomic, files
 from .errors import EdgepathError
 
-SCHEMA_VERSIONS = {"profile": 1, "model": 1, "selection": 4, "manifest": 6, "quantization": 1,
-                   "engine_check": 2, "patch_verify": 1, "control": 1, "benchmark": 1,
+SCHEMA_VERSIONS = {"profile": 1, "model": 1, "selection": 4, "manifest": 7, "quantization": 2,
+                   "engine_check": 3, "patch_verify": 2, "control": 1, "benchmark": 2,
                    "export": 1, "pull": 2, "releases": 1, "device": 1}
 # Where a command puts its record in its output directory: read by the stage after it
 # (the manifest, the bundle) without importing the stage that wrote it, and the mark

@@ -75,7 +75,10 @@ def write_random_llama(d: Path, model_dir: Path) -> Path:
 
 # A small calibration: what is under test is the pipeline and the engine's reading of
 # the checkpoint; the full-size quantization belongs to the pipeline and benchmarks.
-SMALL_QUANTIZE = {"calibration": {"samples": 16, "length": 128}, "quantize": {"eval": {"windows": 4, "length": 256}}}
+# The head in int4, not the default bf16: the engine's quantized-head path is tested
+# here, the default by the pipeline's checkpoints (tests/test_plugin_e2e.py).
+SMALL_QUANTIZE = {"calibration": {"samples": 16, "length": 128},
+                  "quantize": {"head": "int4", "eval": {"windows": 4, "length": 256}}}
 """A params file's namespaces (calibration, quantize)."""
 
 
@@ -143,11 +146,14 @@ def pipeline(tmp_path_factory):
     params["quantize"]["eval"].update(windows=2, length=128)
     # the benchmark's wiring and engines, not its full-size figures (benchmarks/results)
     params["benchmark"].update(windows=2, length=128, decode_tokens=32, prefill_tokens=128, greedy_tokens=16)
-    # the export stage's wiring on the default model with a small QNN calibration; lowering
+    # the export stage's wiring on the default model with a short QNN window; lowering
     # the default model to XNNPACK takes ~10 min on one core, so that path runs on a small
-    # model in tests/test_export.py and in full in `scripts/run.sh`
+    # model in tests/test_export.py and in full in `scripts/run.sh`. The calibration keeps
+    # the shipped 32 windows: over the multi-genre corpus, 8 x 64 tokens scored top-1
+    # 0.797 against fp32 and 16 x 64 0.836, under the 0.85 gate; 32 x 64 scored 0.875
+    # (measured here, 2026-12-05; the shipped 32 x 128: 0.897, 20.2 dB)
     params["export"]["paths"] = ["w8a16-qnn"]
-    params["export"]["qnn"].update(window=64, samples=8, parity_windows=2)
+    params["export"]["qnn"].update(window=64, parity_windows=2)
     (dest / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     run_checked(["git", "init", "-q"], dest, env)
     log = run_checked(["dvc", "repro"], dest, env)

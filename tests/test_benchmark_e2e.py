@@ -37,20 +37,38 @@ def test_every_arm_was_measured_interleaved_with_its_spread(bench):
     assert 0 <= record["load"]["other_cpu_share"]["max"] <= 1
 
 
-def test_fidelity_is_measured_against_the_models_own_bf16(bench):
+def test_fidelity_is_measured_per_genre_against_the_models_own_bf16(bench):
     _, _, record = bench
     arms = {a["name"]: a for a in record["arms"]}
-    # llama.cpp F16 and vLLM bf16 hold the same weights: scored the same way, they agree
-    assert record["f16_perplexity_over_bf16"] == pytest.approx(1.0, abs=0.03)
+    genres = set(record["evaluation"]["tokens_sha256"])
+    assert genres == {"prose", "code", "docs", "dialogue", "lists"}
+    assert set(record["evaluation"]["held_out"]["genres"]) == genres
+    # llama.cpp F16 and vLLM bf16 hold the same weights: scored the same way, they agree on every genre
+    assert set(record["f16_perplexity_over_bf16"]) == genres
+    for genre, ratio in record["f16_perplexity_over_bf16"].items():
+        assert ratio == pytest.approx(1.0, abs=0.03), genre
     assert arms["llama.cpp F16"]["fidelity"]["top1_vs_bf16"] >= 0.9
+    bf16 = arms["vllm bf16"]["fidelity"]
+    assert bf16["mean_increase_pct"] == 0 and all(f["increase_pct"] == 0 for f in bf16["genres"].values())
     build = arms["w4a16-tinygemm"]
-    assert build["fidelity"]["prompts"] == 12
-    assert build["fidelity"]["perplexity"] > 0 and 0.5 < build["fidelity"]["top1_vs_bf16"] < 1
+    fidelity = build["fidelity"]
+    assert fidelity["prompts"] == 12 and set(fidelity["genres"]) == genres
+    assert 0.5 < fidelity["top1_vs_bf16"] < 1
+    for genre, f in fidelity["genres"].items():
+        assert f["increase_pct"] == pytest.approx(100 * (f["perplexity"] / bf16["genres"][genre]["perplexity"] - 1),
+                                                  abs=0.05), genre
+    assert fidelity["worst"]["increase_pct"] == max(f["increase_pct"] for f in fidelity["genres"].values())
+    assert fidelity["mean_increase_pct"] == pytest.approx(
+        sum(f["increase_pct"] for f in fidelity["genres"].values()) / len(genres), abs=0.01)
     r = build["ratios"]
     assert r["decode_vs_bf16"] == pytest.approx(
         build["decode_tok_s"]["median"] / arms["vllm bf16"]["decode_tok_s"]["median"], abs=0.01)
-    assert r["llama_q4_k_m_perplexity_increase"] == pytest.approx(
-        arms["llama.cpp Q4_K_M"]["fidelity"]["perplexity"] - arms["vllm bf16"]["fidelity"]["perplexity"], abs=1e-3)
+    for key, name in (("llama_q4_k_m", "llama.cpp Q4_K_M"), ("llama_q4_0", "llama.cpp Q4_0")):
+        control = arms[name]["fidelity"]
+        assert (r[key]["mean_increase_pct"], r[key]["worst"]) == (control["mean_increase_pct"], control["worst"])
+        if control["mean_increase_pct"] > 0:
+            assert r[key]["increase_ratio"] == pytest.approx(
+                fidelity["mean_increase_pct"] / control["mean_increase_pct"], abs=0.01)
     # bits per weight counted the same way for every arm: 576-wide rows push "Q4_K_M" past 5
     assert arms["llama.cpp F16"]["bits_per_weight"] == pytest.approx(16, abs=0.1)
     assert arms["llama.cpp Q4_K_M"]["bits_per_weight"] > arms["llama.cpp Q4_0"]["bits_per_weight"] > 4
@@ -74,8 +92,12 @@ def test_manifest_carries_each_targets_figures_or_why_not(bench):
         assert w4a8["state"] == "not measured here" and "neither AMX tiles nor AVX512-VNNI" in w4a8["detail"]
     if here.kernel_isa() != "x86_64 AMX":
         assert m["xeon-amx"]["benchmark"]["state"] == "not measured here"
+    host_arm = next(a for a in record["arms"] if a["name"] == host_path)
+    assert (host["figures"]["mean_increase_pct"], host["figures"]["worst"]) == (
+        host_arm["fidelity"]["mean_increase_pct"], host_arm["fidelity"]["worst"])
     targets = json.loads((dest / "build/targets.json").read_text())
     assert targets["host"]["decode_tok_s"] == host["figures"]["decode_tok_s"]
+    assert targets["host"]["worst_genre"] == host["figures"]["worst"]["genre"]
 
 
 def test_dvc_shows_the_metrics_and_plots(bench, tmp_path):
@@ -84,6 +106,8 @@ def test_dvc_shows_the_metrics_and_plots(bench, tmp_path):
                            check=True).stdout
     json.loads(shown)
     assert "decode_tok_s" in shown and "llama.cpp Q4_K_M" in shown and '"host"' in shown
+    assert "mean_increase_pct" in shown and "worst_genre" in shown
     run_checked(["dvc", "plots", "show", "--out", str(tmp_path / "plots")], dest, env)
     page = (tmp_path / "plots" / "index.html").read_text()
     assert "Decode tokens/s per build and control" in page and "llama.cpp Q4_0" in page
+    assert "per held-out genre and arm" in page and "dialogue: vllm bf16" in page

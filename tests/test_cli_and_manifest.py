@@ -1,6 +1,7 @@
 """The edgepath CLI, run as a user runs it, and the records it writes."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -52,7 +53,7 @@ def test_bad_input_exits_2_with_a_message_and_writes_nothing(tmp_path):
 
 
 def test_a_bad_params_file_is_one_line_naming_the_key(tmp_path):
-    text = (ROOT / "params.yaml").read_text().replace("damp: 0.05", "damp: x")
+    text = re.sub(r"damp: [0-9.]+", "damp: x", (ROOT / "params.yaml").read_text())
     (tmp_path / "params.yaml").write_text(text)
     (tmp_path / "profiles").symlink_to(ROOT / "profiles")
     done = edgepath("probe", "--target", "phone-npu", "--params", tmp_path / "params.yaml", check=False)
@@ -151,3 +152,53 @@ def test_manifest_schema_rejects_an_empty_fleet():
                      "fingerprint": "sha256:" + "0" * 64, "digest": "sha256:" + "0" * 64}}
     with pytest.raises(EdgepathError, match="targets"):
         records.validate("manifest", bad)
+
+
+def _manifest_part(pointer: str, value) -> None:
+    """Validate ``value`` against the manifest schema at ``pointer`` (a JSON pointer)."""
+    import jsonschema
+
+    jsonschema.Draft202012Validator({"$ref": f"edgepath/manifest.schema.json#{pointer}"},
+                                    registry=records._registry()).validate(value)
+
+
+def test_manifest_shows_the_quantize_stages_perplexity_per_genre_mean_and_worst():
+    from edgepath import manifest
+
+    fidelity = {"windows_per_genre": 8, "length": 512, "held_out": {}, "mean_increase_pct": 12.5,
+                "worst": {"genre": "code", "increase_pct": 20.0},
+                "genres": {"code": {"perplexity_reference": 5.0, "perplexity_quantized": 6.0, "increase_pct": 20.0},
+                           "prose": {"perplexity_reference": 20.0, "perplexity_quantized": 21.0, "increase_pct": 5.0}}}
+    perplexity = manifest._quantize_fidelity(fidelity)
+    assert perplexity == {"genres": {"code": {"reference": 5.0, "quantized": 6.0, "increase_pct": 20.0},
+                                     "prose": {"reference": 20.0, "quantized": 21.0, "increase_pct": 5.0}},
+                          "mean_increase_pct": 12.5, "worst": {"genre": "code", "increase_pct": 20.0}}
+    # quantize.eval.windows 0: nothing measured
+    assert manifest._quantize_fidelity({**fidelity, "genres": {}, "mean_increase_pct": None, "worst": None}) is None
+    quantization = {"perplexity": perplexity, "calibration": {"corpus": "mix", "samples": 128, "length": 256}}
+    pointer = "/properties/targets/items/properties/quantization/properties/perplexity"
+    _manifest_part(pointer, perplexity)
+    _manifest_part(pointer, None)
+    assert manifest._quantization_line(quantization) == (
+        "calibrated on 128 x 256 tokens of mix; perplexity over the model's on 2 held-out genres "
+        "+12.5 % mean, worst code +20.0 %")
+    assert manifest._quantization_line({**quantization, "perplexity": None}).endswith(
+        "; held-out perplexity not measured")
+
+
+def test_target_metrics_carry_the_mean_and_worst_genre():
+    from edgepath import manifest
+
+    ratios = {"decode_vs_bf16": 1.25, "decode_vs_llama_q4_k_m": 0.5, "llama_q4_0": None,
+              "llama_q4_k_m": {"mean_increase_pct": 6.0, "worst": {"genre": "code", "increase_pct": 8.0},
+                               "increase_ratio": 2.17, "genres_not_below": ["code"]}}
+    figures = {"decode_tok_s": 40.0, "prefill_tok_s": 800.0, "mean_increase_pct": 13.0,
+               "worst": {"genre": "code", "increase_pct": 30.0}, "increase_pct": {"code": 30.0, "prose": -4.0},
+               "top1_vs_bf16": 0.8, "prompts_reproduced": 3, "prompts": 12}
+    _manifest_part("/properties/targets/items/properties/benchmark/properties/figures", figures)
+    targets = [{"tag": "host", "benchmark": {"figures": figures, "ratios": ratios}},
+               {"tag": "arm", "benchmark": {"state": "not measured here"}}]
+    assert manifest.target_metrics({"targets": targets}) == {"host": {
+        "decode_tok_s": 40.0, "prefill_tok_s": 800.0, "mean_increase_pct": 13.0, "worst_genre": "code",
+        "worst_increase_pct": 30.0, "prompts_reproduced": 3, "decode_vs_bf16": 1.25, "decode_vs_llama_q4_k_m": 0.5,
+        "increase_vs_llama_q4_k_m": 2.17}}

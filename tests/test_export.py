@@ -55,7 +55,7 @@ def test_qnn_program_carries_its_calibration_and_parity(exported, random_llama):
     d = exported["w8a16-qnn"]
     record = records.read(d / "export.json", "export")
     calibration = record["calibration"]
-    assert (calibration["corpus"], calibration["samples"], calibration["length"]) == ("austen", 4, 32)
+    assert (calibration["corpus"], calibration["samples"], calibration["length"]) == ("mix", 4, 32)  # the default
     assert calibration["chat_samples"] == 1 and "persuasion" not in calibration["documents"]
     assert "real text" in calibration["inputs"]
     parity = record["parity"]
@@ -106,7 +106,7 @@ def test_qnn_program_is_quantized_w8a16_and_is_the_program_measured(exported, ra
 
     record = records.read(d / "export.json", "export")
     tokenizer = AutoTokenizer.from_pretrained(random_llama)
-    corpus = calibration.load_corpus("austen", ["persuasion"])
+    corpus = calibration.load_corpus("mix", [])
     windows = calibration.evaluation_set(tokenizer, corpus, 2, 32)
     measured = qnn_w8a16.parity(graph.load_reference(random_llama), program, windows)
     assert measured["top1_agreement"] == record["parity"]["top1_agreement"]

@@ -17,7 +17,8 @@ pytestmark = pytest.mark.e2e
 
 def test_repro_writes_a_valid_manifest_naming_every_target(pipeline):
     dest, _, log = pipeline
-    fleet = yaml.safe_load((dest / "params.yaml").read_text())["targets"]
+    params = yaml.safe_load((dest / "params.yaml").read_text())
+    fleet = params["targets"]
     m = records.read(dest / "manifest.json", "manifest")
     assert [t["tag"] for t in m["targets"]] == list(fleet)
     for stage in ("model", *(f"{s}@{tag}" for s in ("probe", "select") for tag in fleet),
@@ -29,7 +30,8 @@ def test_repro_writes_a_valid_manifest_naming_every_target(pipeline):
     by_tag = {t["tag"]: t for t in m["targets"]}
     npu = by_tag["phone-npu"]
     assert npu["path"]["name"] == "w8a16-qnn" and npu["build"]["state"] == "built"
-    assert npu["export"]["parity"]["passed"] is True and npu["export"]["calibration"]["samples"] == 8
+    assert npu["export"]["parity"]["passed"] is True and npu["export"]["calibration"]["samples"] \
+        == params["export"]["qnn"]["samples"]
     assert npu["export"]["pte"]["state"] == "not built" and "QNN_SDK_ROOT" in npu["export"]["pte"]["detail"]
     assert "build/exports/w8a16-qnn/program.pt2" in {a["path"] for a in npu["artifacts"]}
     # the CPU build the NPU phone runs meanwhile is not in this run's export.paths

@@ -32,25 +32,27 @@ def test_checkpoint_is_the_documented_cpu_int4_layout(built):
     config = json.loads((checkpoint / "config.json").read_text())
     q = config["quantization_config"]
     assert (q["quant_method"], q["bits"], q["group_size"], q["format_version"], q["sym"], q["lm_head"]) == \
-        ("cpu_int4", 4, 64, 1, False, True)
-    assert config["tie_word_embeddings"] is False
+        ("cpu_int4", 4, 64, 1, False, False)
+    assert config["tie_word_embeddings"] is True  # the default head stays bf16, the embedding table's
     with safe_open(checkpoint / "model.safetensors", "pt") as f:
         names = set(f.keys())
         down = CpuInt4.from_tensors({n: f.get_tensor(n) for n in names if ".layers.0.mlp.down_proj." in n},
                                     "model.layers.0.mlp.down_proj")
         assert f.get_tensor("model.embed_tokens.weight").dtype == torch.bfloat16
     assert not any(n.endswith("proj.weight") for n in names)
-    assert sum(n.endswith(".qweight") for n in names) == 30 * 7 + 1
+    assert sum(n.endswith(".qweight") for n in names) == 30 * 7 and "lm_head.weight" not in names
     assert down.qweight.shape == (576, 1536 // 2) and down.scales.shape == down.offsets.shape == (576, 1536 // 64)
     report = records.read(checkpoint / "quantization_report.json", "quantization")
-    assert report["algorithm"]["search"] == "minmax" and report["bits_per_weight"] == pytest.approx(4.5)
+    assert report["algorithm"]["search"] == "minmax-output-error" and report["bits_per_weight"] == pytest.approx(4.5)
+    ratios = [t["search_ratio"] for t in report["tensors"].values()]
+    assert all(0.80 <= r["min"] <= r["max"] <= 1.0 for r in ratios) and any(r["shrunk"] > 0 for r in ratios)
 
 
 def test_vllm_runs_every_layer_on_tinygemm_and_reproduces_the_checkpoint(built):
     checkpoint, _, _ = built
     check = records.read(checkpoint / "engine_check.json", "engine_check")
     assert check["passed"] and check["env"] == {"VLLM_CPU_INT4_W4A8": "0"}
-    assert check["layer_modes"] == [{"method": "CpuInt4LinearMethod", "kernel": "edgepath::int4_mm", "layers": 121}]
+    assert check["layer_modes"] == [{"method": "CpuInt4LinearMethod", "kernel": "edgepath::int4_mm", "layers": 120}]
     assert {"edgepath::int4_mm", "aten::_weight_int4pack_mm_for_cpu"} <= set(check["ops_seen"])
     against = check["against"]
     # bf16 activations: at the bf16 noise floor against its own weights (0.96-0.97 measured)
@@ -88,7 +90,7 @@ def test_patch_verify_proves_each_patch_with_evidence(built):
     patches = record["patches"]
     assert patches["cpu_int4"]["state"] == "applied"
     assert patches["cpu_int4"]["evidence"]["layer_modes"] == [
-        {"method": "CpuInt4LinearMethod", "kernel": "edgepath::int4_mm", "layers": 121}]
+        {"method": "CpuInt4LinearMethod", "kernel": "edgepath::int4_mm", "layers": 120}]
     cache = patches["compile_cache"]
     # vllm-cpu 0.32.0 has the bug: the warm start loads from the cache only through the no-op
     assert cache["state"] == "applied" and cache["evidence"]["noop_attached"] >= 1

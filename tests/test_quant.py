@@ -6,9 +6,8 @@ import shutil
 import pytest
 import torch
 
-from edgepath import quantize
+from edgepath import calibration, quantize, records
 from edgepath.errors import EdgepathError
-from edgepath import calibration
 from edgepath.gptq.cpu_int4_format import CpuInt4
 from edgepath.gptq.gptq import (MINMAX, SEARCHES, HessianAccumulator, group_aware_order, quantize_layer,
                                  representable_scales)
@@ -100,8 +99,8 @@ def test_gptq_and_the_output_error_search_each_lower_the_output_error():
     absmax = w.view(64, -1, group).abs().amax(-1, keepdim=True)
     s = representable_scales(absmax / 7.5)
     rtn = ((torch.clamp(torch.round(w.view(64, -1, group) / s) + 8, 0, 15) - 8) * s).view(64, -1)
-    plain = quantize_layer(w, h, group, SEARCHES["none"]).dequantize()
-    searched = quantize_layer(w, h, group, SEARCHES["output-error"]).dequantize()
+    plain = quantize_layer(w, h, group, SEARCHES[True]["none"]).dequantize()
+    searched = quantize_layer(w, h, group, SEARCHES[True]["output-error"]).dequantize()
     e_rtn, e_plain, e_search = (_output_error(w, q, x) for q in (rtn, plain, searched))
     assert e_plain < 0.8 * e_rtn
     assert e_search < e_plain
@@ -121,9 +120,20 @@ def test_gptq_on_the_asymmetric_minmax_grid_lowers_the_output_error():
     assert _output_error(w, q.dequantize(), x) < 0.8 * _output_error(w, rtn, x)
 
 
+def test_the_output_error_search_on_the_asymmetric_grid_clips_and_lowers_the_output_error():
+    w, x, h = _correlated_layer()
+    plain = quantize_layer(w, h, 32, SEARCHES[False]["none"])
+    searched = quantize_layer(w, h, 32, SEARCHES[False]["output-error"])
+    assert searched.ratios.min() >= 0.80 and searched.ratios.max() <= 1.0
+    assert (searched.ratios < 1.0).any()  # some ranges were clipped
+    assert torch.equal(searched.offsets.to(torch.bfloat16).float(), searched.offsets)
+    CpuInt4.pack(searched.codes, searched.scales, searched.offsets)  # packs without loss
+    assert _output_error(w, searched.dequantize(), x) < _output_error(w, plain.dequantize(), x)
+
+
 def test_quantized_layer_is_on_the_grid_with_exact_scales_and_recorded_ratios():
     w, _, h = _correlated_layer()
-    q = quantize_layer(w, h, 32, SEARCHES["output-error"])
+    q = quantize_layer(w, h, 32, SEARCHES[True]["output-error"])
     assert q.codes.shape == w.shape and int(q.codes.min()) >= 0 and int(q.codes.max()) <= 15
     assert torch.equal(q.scales.to(torch.float16).float(), q.scales)
     assert torch.equal(q.scales.to(torch.bfloat16).float(), q.scales)
@@ -133,7 +143,10 @@ def test_quantized_layer_is_on_the_grid_with_exact_scales_and_recorded_ratios():
 
 
 def test_search_names_in_settings_match_the_algorithms():
-    assert set(quantize.SEARCH_NAMES) == set(SEARCHES)
+    assert all(set(quantize.SEARCH_NAMES) == set(s) for s in SEARCHES.values())
+    # the report records the grid's own name: the record's schema must admit every one
+    recorded = records.schema("quantization")["properties"]["algorithm"]["properties"]["search"]["enum"]
+    assert sorted(recorded) == sorted(g.name for s in SEARCHES.values() for g in s.values())
 
 
 @pytest.mark.parametrize("params, calibration, message", [
@@ -157,7 +170,48 @@ def test_settings_read_the_shipped_params():
 
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     settings = quantize.Settings.from_params(params["quantize"], params["calibration"])
-    assert settings.search == "output-error" and settings.calibration.holdout == ("persuasion",)
+    # the shipped file states every default, and the code's defaults are the same
+    assert settings == quantize.Settings()
+    assert (settings.calibration.corpus, settings.search, settings.head) == ("mix", "output-error", "bf16")
+
+
+def test_fidelity_is_per_genre_with_the_mean_and_the_worst_genre_as_headline():
+    import jsonschema
+
+    held_out = {"corpus": "mix", "documents_sha256": "sha256:" + "0" * 64,
+                "genres": {"code": ["click-code"], "prose": ["alice"]}, "dropped": []}
+    fid = quantize.fidelity({"code": 10.0, "prose": 20.0}, {"code": 11.0, "prose": 25.0}, 8, 512, held_out)
+    assert fid["genres"]["code"] == {"perplexity_reference": 10.0, "perplexity_quantized": 11.0, "increase_pct": 10.0}
+    assert fid["genres"]["prose"]["increase_pct"] == 25.0
+    assert fid["mean_increase_pct"] == 17.5 and fid["worst"] == {"genre": "prose", "increase_pct": 25.0}
+    schema = records.schema("quantization")["properties"]["fidelity"]
+    jsonschema.validate(fid, schema)
+    nothing = quantize.fidelity({}, {}, 0, 512, None)  # quantize.eval.windows: 0
+    assert (nothing["genres"], nothing["mean_increase_pct"], nothing["worst"]) == ({}, None, None)
+    jsonschema.validate(nothing, schema)
+    with pytest.raises(jsonschema.ValidationError):  # windows asked for, nothing measured
+        jsonschema.validate({**nothing, "windows_per_genre": 8}, schema)
+
+
+def test_engine_check_scores_every_genre_and_passes_on_all_their_positions():
+    from edgepath import engine_check
+
+    sequences = {"code": [[1, 2, 3, 4], [5, 6, 7, 8]], "prose": [[9, 10, 11, 12]]}
+    assert engine_check.all_windows(sequences) == [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]]
+    engine = [[2, 3, 4], [6, 7, 8], [10, 11, 12]]
+    reference = [[2, 3, 4], [6, 7, 8], [0, 0, 12]]  # prose agrees on 1 of 3 positions
+    assert engine_check.agreement_by_genre(engine, reference, sequences) == {"code": 1.0, "prose": 0.3333}
+    greedy = {"identical": 1, "prompts": 1, "mean_identical_leading_tokens": 4.0}
+    comparisons = {name: {"teacher_forced_top1_agreement": round(engine_check.agreement(engine, reference), 4),
+                          "teacher_forced_top1_by_genre": engine_check.agreement_by_genre(engine, reference, sequences),
+                          "greedy": greedy} for name in ("dequantized", "bf16")}
+    measured = {"layer_modes": [{"method": "AutoGPTQLinearMethod", "kernel": "_C::int4_scaled_mm_cpu", "layers": 2}],
+                "ops": ["_C::int4_scaled_mm_cpu"], "top1": engine, "greedy": [[1]]}
+    record = engine_check.verdict(engine_check.header("gptq", True), False, measured, comparisons, sequences, 4)
+    assert record["held_out"] == {"windows_per_genre": {"code": 2, "prose": 1}, "length": 4}
+    assert record["teacher_forced_positions"] == 9
+    assert record["passed"]  # 7 of 9 positions (0.78) clear the W4A8 mark of 0.75, though prose alone does not
+    records.validate("engine_check", {**records.envelope("engine_check"), **record})
 
 
 @pytest.fixture(scope="module")

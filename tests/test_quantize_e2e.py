@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from edgepath import records
+from edgepath import genres, records
 from edgepath.gptq.gptq_format import GptqV1Int4
 
 from .conftest import edgepath_command
@@ -43,8 +43,10 @@ def test_report_records_calibration_storage_and_fidelity(w4a8_checkpoint):
     report = records.read(w4a8_checkpoint / "quantization_report.json", "quantization")
     assert report["format"]["group_size"] == 64 and "128" in report["format"]["group_size_reason"]
     calib = report["calibration"]
-    assert (calib["corpus"], calib["samples"], calib["length"], calib["held_out"]) == \
-        ("austen", 16, 128, ["persuasion"])
+    assert (calib["corpus"], calib["samples"], calib["length"]) == ("mix", 16, 128)  # the default corpus
+    assert calib["held_out"] and set(calib["held_out"]).isdisjoint(calib["documents"])
+    assert sorted(calib["genres"]) == sorted(genres.GENRES)
+    assert sum(g["samples"] for g in calib["genres"].values()) == 16 and calib["genres"]["dialogue"]["samples"] == 3
     # bits per weight from the stored tensors: codes, fp16 scales per 64, zeros, g_idx
     with safe_open(w4a8_checkpoint / "model.safetensors", "pt") as f:
         stored = sum(f.get_tensor(n).numel() * f.get_tensor(n).element_size() * 8
@@ -57,7 +59,13 @@ def test_report_records_calibration_storage_and_fidelity(w4a8_checkpoint):
         assert t["weight_snr_db"] > 10, name
         assert 0.8 <= t["search_ratio"]["min"] <= t["search_ratio"]["max"] <= 1.1
     fid = report["fidelity"]
-    assert fid["perplexity_reference"] < fid["perplexity_quantized"] < 1.5 * fid["perplexity_reference"]
+    assert sorted(fid["genres"]) == sorted(genres.GENRES) and fid["held_out"]["dropped"] == []
+    for genre, scored in fid["genres"].items():  # 4-bit costs perplexity on every genre, but never doubles it
+        assert scored["perplexity_reference"] < scored["perplexity_quantized"], genre
+        assert 0 < scored["increase_pct"] < 100, genre
+    increases = {genre: scored["increase_pct"] for genre, scored in fid["genres"].items()}
+    assert fid["mean_increase_pct"] == pytest.approx(sum(increases.values()) / len(increases), abs=0.01)
+    assert fid["worst"] == {"genre": max(increases, key=increases.get), "increase_pct": max(increases.values())}
     assert set(report["versions"]) >= {"edgepath", "torch", "transformers"}
 
 
@@ -75,8 +83,10 @@ def test_engine_ran_the_w4a8_kernel_and_matches_the_dequantized_weights(w4a8_che
     assert "_C::int4_scaled_mm_cpu" in check["ops_seen"] and "_C::cpu_gemm_wna16" not in check["ops_seen"]
     assert check["layer_modes"] == [{"method": "AutoGPTQLinearMethod", "kernel": "_C::int4_scaled_mm_cpu",
                                      "layers": 121}]
+    assert check["held_out"]["windows_per_genre"] == {genre: 2 for genre in genres.GENRES}
     against = check["against"]
     assert against["dequantized"]["teacher_forced_top1_agreement"] >= 0.75
+    assert sorted(against["dequantized"]["teacher_forced_top1_by_genre"]) == sorted(genres.GENRES)
     # the quantization itself costs agreement with bf16; the kernel must not add more than it
     assert against["bf16"]["teacher_forced_top1_agreement"] < against["dequantized"]["teacher_forced_top1_agreement"]
 

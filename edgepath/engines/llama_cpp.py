@@ -41,12 +41,13 @@ def converter_dir() -> Path:
     return Path(sys.prefix) / "share" / "edgepath" / "llama.cpp"
 
 
-def convert_to_gguf(hf_dir: str | os.PathLike, out: str | os.PathLike) -> None:
-    """Write ``hf_dir`` (safetensors; its tokenizer included) as an F16 GGUF at ``out``."""
+def convert_to_gguf(hf_dir: str | os.PathLike, out: str | os.PathLike, outtype: str = "f16") -> None:
+    """Write ``hf_dir`` (safetensors; its tokenizer included) as a GGUF at ``out``, its
+    tensors in ``outtype`` (the converter's ``--outtype``: ``f16``, ``f32``)."""
     script = converter_dir() / "convert_hf_to_gguf.py"
     if not script.is_file():
         raise EdgepathError(f"{script}: llama.cpp's converter is missing; run scripts/setup.sh")
-    done = subprocess.run([sys.executable, str(script), str(hf_dir), "--outtype", "f16", "--outfile", str(out)],
+    done = subprocess.run([sys.executable, str(script), str(hf_dir), "--outtype", outtype, "--outfile", str(out)],
                           capture_output=True, text=True)
     if done.returncode != 0:
         raise EdgepathError(f"convert_hf_to_gguf.py failed on {hf_dir} (exit {done.returncode}):\n"

@@ -15,12 +15,17 @@ Lifecycle, per linear layer ``W [N out, K in]``:
 
    - ``ScaleSearch`` (symmetric, the GPTQ checkpoint of ``w4a8-amx``): per output
      channel, candidate scales ``f * absmax / 7.5`` are tried and the least error
-     kept. The objective is the layer's output error restricted to the group,
-     ``e^T H_gg e`` with ``e = w - q`` and ``H_gg`` the group's diagonal block of
-     ``H`` (or plain weight MSE, for comparison).
+     kept.
    - ``MinMaxGrid`` (asymmetric, the cpu_int4 checkpoint of ``w4a16-tinygemm``):
-     ``scale = (max - min) / 15`` and an offset that puts codes 0 and 15 on the
-     group's extremes.
+     candidate ranges ``f * (max - min)`` about the group's midpoint, ``scale =
+     range / 15`` and an offset that puts codes 0 and 15 on the range's ends;
+     ``f = 1`` alone is the plain min/max grid, ``f < 1`` clips the extremes.
+
+   The objective of both searches is the layer's output error restricted to the
+   group, ``e^T H_gg e`` with ``e = w - q`` and ``H_gg`` the group's diagonal
+   block of ``H`` (or plain weight MSE, for comparison). ``grid(symmetric,
+   search)`` names them: the path fixes the grid, ``quantize.gptq.search`` the
+   objective.
 
 Every grid dequantizes as ``(code - 8) * scale + offset`` (offset 0 when symmetric).
 
@@ -62,17 +67,30 @@ def dequantize_codes(codes: torch.Tensor, scales: torch.Tensor, offsets: torch.T
     return w if offsets is None else w + offsets.unsqueeze(-1)
 
 
+OBJECTIVES = ("output", "weight", "none")
+
+
+def _least_error(w: torch.Tensor, h_gg: torch.Tensor, objective: str, scales: torch.Tensor,
+                 offsets: torch.Tensor | None = None) -> torch.Tensor:
+    """Per channel, the index of the candidate grid (``scales [R, N]``, ``offsets``
+    likewise) whose rounding of ``w [N, g]`` has the least error by ``objective``."""
+    err = w.unsqueeze(0) - dequantize_codes(quantize_codes(w.unsqueeze(0), scales, offsets), scales, offsets)
+    loss = ((err @ h_gg) * err).sum(dim=-1) if objective == "output" else (err * err).sum(dim=-1)
+    return loss.argmin(dim=0)
+
+
 @dataclasses.dataclass(frozen=True)
 class ScaleSearch:
-    """How a group's scales are chosen. ``objective``: ``"output"`` (``e^T H_gg e``),
-    ``"weight"`` (``e^T e``) or ``"none"`` (ratio 1 only)."""
+    """The symmetric grid, ``scale = f * absmax / 7.5`` for the ``ratios`` f, chosen
+    per channel by ``objective``: ``"output"`` (``e^T H_gg e``), ``"weight"``
+    (``e^T e``) or ``"none"`` (one ratio)."""
 
     name: str
     objective: str
     ratios: tuple[float, ...]
 
     def __post_init__(self) -> None:
-        assert self.objective in ("output", "weight", "none"), self.objective
+        assert self.objective in OBJECTIVES, self.objective
         assert self.ratios and all(r > 0 for r in self.ratios), self.ratios
 
     symmetric = True
@@ -85,45 +103,66 @@ class ScaleSearch:
         candidates = representable_scales(ratios * absmax.unsqueeze(0) / 7.5)  # [R, N]
         if len(self.ratios) == 1:
             return candidates[0], None, ratios[0].expand(w.shape[0])
-        err = w.unsqueeze(0) - dequantize_codes(quantize_codes(w.unsqueeze(0), candidates), candidates)
-        if self.objective == "output":
-            loss = ((err @ h_gg) * err).sum(dim=-1)
-        else:
-            loss = (err * err).sum(dim=-1)
-        best = loss.argmin(dim=0)
+        best = _least_error(w, h_gg, self.objective, candidates)
         return candidates.gather(0, best.unsqueeze(0)).squeeze(0), None, ratios.view(-1)[best]
 
 
 @dataclasses.dataclass(frozen=True)
 class MinMaxGrid:
-    """The asymmetric min/max grid of cpu_int4: ``scale = (max - min) / 15``,
-    ``offset = min + 8 * scale``, both rounded to bf16 (the checkpoint's dtype)."""
+    """The asymmetric grid of cpu_int4: for each ratio f, the range ``f * (max - min)``
+    about the group's midpoint, ``scale = range / 15`` and ``offset = low end + 8 *
+    scale``, both rounded to bf16 (the checkpoint's dtype); chosen per channel by
+    ``objective`` as ``ScaleSearch`` chooses."""
 
     name: str = "minmax"
+    objective: str = "none"
     ratios: tuple[float, ...] = (1.0,)
+
+    def __post_init__(self) -> None:
+        assert self.objective in OBJECTIVES, self.objective
+        assert self.ratios and all(0 < r <= 1 for r in self.ratios), self.ratios
+
     symmetric = False
 
     def choose(self, w: torch.Tensor, h_gg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         lo, hi = w.amin(dim=1), w.amax(dim=1)
-        scales = representable_scales((hi - lo) / CODE_MAX)
-        offsets = (lo + ZERO * scales).to(torch.bfloat16).to(torch.float32)
-        return scales, offsets, torch.ones_like(scales)
-
-
-MINMAX = MinMaxGrid()
+        ratios = torch.tensor(self.ratios, dtype=torch.float32).view(-1, 1)
+        half = ratios * ((hi - lo) / 2).unsqueeze(0)  # [R, N]
+        # f = 1 starts exactly at the minimum; smaller f clip both ends about the midpoint
+        low = torch.where(ratios == 1, lo.unsqueeze(0), (hi + lo).unsqueeze(0) / 2 - half)
+        scales = representable_scales(2 * half / CODE_MAX)
+        offsets = (low + ZERO * scales).to(torch.bfloat16).to(torch.float32)
+        best = (_least_error(w, h_gg, self.objective, scales, offsets) if len(self.ratios) > 1
+                else torch.zeros(w.shape[0], dtype=torch.long)).unsqueeze(0)
+        return scales.gather(0, best).squeeze(0), offsets.gather(0, best).squeeze(0), ratios.view(-1)[best.squeeze(0)]
 
 
 def _ratios(lo: float, hi: float, step: float = 0.01) -> tuple[float, ...]:
     return tuple(round(lo + i * step, 4) for i in range(round((hi - lo) / step) + 1))
 
 
-# The three variants the benchmark compares; "output-error" is the product's.
+# The searches the benchmark compares (benchmarks/quantize.py, benchmarks/calibration.py);
+# "output-error" is the product's. Weight MSE only shrinks: widening cannot lower it the way
+# it lowers output error. On the asymmetric grid min/max already reaches both extremes, so
+# every search only clips.
 SEARCHES = {
-    "none": ScaleSearch("none", "none", (1.0,)),
-    # shrink only: widening cannot lower weight MSE in the way it lowers output error
-    "weight-mse": ScaleSearch("weight-mse", "weight", _ratios(0.80, 1.00)),
-    "output-error": ScaleSearch("output-error", "output", _ratios(0.80, 1.10)),
+    True: {
+        "none": ScaleSearch("none", "none", (1.0,)),
+        "weight-mse": ScaleSearch("weight-mse", "weight", _ratios(0.80, 1.00)),
+        "output-error": ScaleSearch("output-error", "output", _ratios(0.80, 1.10)),
+    },
+    False: {
+        "none": MinMaxGrid(),
+        "weight-mse": MinMaxGrid("minmax-weight-mse", "weight", _ratios(0.80, 1.00)),
+        "output-error": MinMaxGrid("minmax-output-error", "output", _ratios(0.80, 1.00)),
+    },
 }
+MINMAX = SEARCHES[False]["none"]
+
+
+def grid(symmetric: bool, search: str) -> "Grid":
+    """The grid a path's ``symmetric``-ness and the ``search`` setting name."""
+    return SEARCHES[symmetric][search]
 
 
 Grid = ScaleSearch | MinMaxGrid

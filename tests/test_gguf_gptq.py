@@ -1,0 +1,111 @@
+"""The GGUF Q4_0 writer for GPTQ weights, against llama.cpp itself (built by scripts/setup.sh).
+
+The default model's decoder linears are put on the symmetric grid at group 32 by
+rounding to nearest (GPTQ chooses other codes on the same grid; what is under test
+here is the file and llama.cpp's reading of it, not GPTQ), written through the
+converter and the Q4_0 packer, and scored by llama.cpp against PyTorch on the same
+weights. A copy with each block's nibbles swapped must fail that check.
+"""
+
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from edgepath.engines import gguf_gptq
+from edgepath.errors import EdgepathError
+from edgepath.gptq.gguf_q4_0_format import BLOCK, BLOCK_BYTES, GgufQ4_0
+from edgepath.gptq.gptq import dequantize_codes, quantize_codes, representable_scales
+
+
+def _on_grid(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` rounded to nearest on the symmetric grid, group 32, fp16-exact scales."""
+    n, k = weight.shape
+    w = weight.float().reshape(n, k // BLOCK, BLOCK)
+    scales = representable_scales(w.abs().amax(dim=-1) / 7.5)
+    return dequantize_codes(quantize_codes(w, scales), scales).reshape(n, k)
+
+
+@pytest.fixture(scope="module")
+def on_grid(default_model, tmp_path_factory):
+    """(reference model in PyTorch, the written GGUF, its tensor counts, held-out windows)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from edgepath import calibration
+
+    hf = default_model / "hf"
+    work = tmp_path_factory.mktemp("gguf-gptq")
+    model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for linear in layer.modules():
+                if isinstance(linear, torch.nn.Linear):
+                    linear.weight.copy_(_on_grid(linear.weight))
+    counts = gguf_gptq.write(gguf_gptq.save_dequantized(model, hf, work / "hf"), work / "model.gguf")
+    tokenizer = AutoTokenizer.from_pretrained(hf)
+    windows = calibration.held_out_genres(tokenizer, calibration.load_corpus("mix", []), 1, 96)
+    return gguf_gptq.reference_model(model, "Q8_0"), work / "model.gguf", counts, torch.cat(list(windows.values()))
+
+
+def test_every_decoder_matrix_is_q4_0_and_the_tied_embedding_q8_0(on_grid):
+    _, path, counts, _ = on_grid
+    # 30 layers x 7 linears; 2 norms per layer and the final one
+    assert counts == {"Q4_0": 210, "Q8_0": 1, "F32": 61}
+    gguf = gguf_gptq.gguf_module()
+    reader = gguf.GGUFReader(path)
+    types = {t.name: t.tensor_type.name for t in reader.tensors}
+    assert types["blk.0.ffn_down.weight"] == "Q4_0" and types["token_embd.weight"] == "Q8_0"
+    assert reader.fields["general.file_type"].contents() == gguf.LlamaFileType.MOSTLY_Q4_0
+    # the converter's metadata survives: the tokenizer and chat template llama.cpp needs
+    assert "tokenizer.chat_template" in reader.fields and "tokenizer.ggml.tokens" in reader.fields
+
+
+def test_the_file_holds_the_weights_bit_for_bit(on_grid):
+    reference, path, _, _ = on_grid
+    reader = gguf_gptq.gguf_module().GGUFReader(path)
+    tensors = {t.name: t for t in reader.tensors}
+    # unpermuted by the converter (query and key rows are reordered for llama.cpp's rope)
+    for gguf_name, module in (("blk.3.ffn_down.weight", reference.model.layers[3].mlp.down_proj),
+                              ("blk.7.attn_v.weight", reference.model.layers[7].self_attn.v_proj)):
+        stored = GgufQ4_0(np.asarray(tensors[gguf_name].data))
+        assert np.array_equal(stored.dequantize(), module.weight.detach().numpy())
+
+
+def test_llama_cpp_reproduces_pytorch_and_a_swapped_nibble_order_fails(on_grid, tmp_path):
+    reference, path, _, windows = on_grid
+    agreement = gguf_gptq.agreement(path, reference, windows, threads=2)
+    assert agreement >= gguf_gptq.AGREEMENT_PASS, agreement
+
+    swapped = tmp_path / "swapped.gguf"
+    shutil.copy(path, swapped)
+    gguf = gguf_gptq.gguf_module()
+    reader = gguf.GGUFReader(swapped, "r+")
+    for tensor in reader.tensors:
+        if tensor.tensor_type == gguf.GGMLQuantizationType.Q4_0:
+            blocks = tensor.data.reshape(-1, BLOCK_BYTES)
+            qs = blocks[:, 2:]
+            qs[:] = (qs >> 4) | (qs << 4)
+    reader.data.flush()
+    del reader
+    wrong = gguf_gptq.agreement(swapped, reference, windows, threads=2)
+    assert wrong < 0.5, wrong
+
+
+def test_weights_off_the_grid_are_refused_with_the_tensor_named(default_model, tmp_path):
+    hf = default_model / "hf"
+    with pytest.raises(EdgepathError, match=r"blk\.\d+\.\w+\.weight: .* not on a 4-bit grid"):
+        gguf_gptq.write(hf, tmp_path / "model.gguf")
+    assert not list(tmp_path.iterdir()), "nothing half-written is left"
+
+
+def test_pack_and_from_values_agree_with_gguf_py():
+    gguf = gguf_gptq.gguf_module()
+    rng = np.random.default_rng(0)
+    codes = rng.integers(0, 16, size=(8, 64))
+    scales = rng.uniform(0.001, 0.1, size=(8, 2)).astype(np.float16).astype(np.float32)
+    scales[0, 0] *= -1  # llama.cpp's own quantizer writes negative scales too
+    packed = GgufQ4_0.pack(codes, scales)
+    values = (codes - 8) * np.repeat(scales, BLOCK, axis=1)
+    assert np.array_equal(gguf.quants.dequantize(packed.blocks, gguf.GGMLQuantizationType.Q4_0), values)
+    assert np.array_equal(GgufQ4_0.from_values(values).dequantize(), values)
