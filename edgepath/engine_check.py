@@ -188,7 +188,7 @@ def compare(measured: dict[str, Any], checkpoint: Path, base_model: Path, sequen
             comparisons[name] = {
                 "teacher_forced_top1_agreement": round(agreement(measured["top1"], top1), 4),
                 "teacher_forced_top1_by_genre": agreement_by_genre(measured["top1"], top1, sequences),
-                "greedy": greedy_summary(measured["greedy"], [greedy(model, p, new_tokens) for p in prompts]),
+                "greedy": greedy_summary(measured["greedy"], greedy(model, prompts, new_tokens)),
             }
     return comparisons
 

@@ -23,10 +23,18 @@ def perplexity(model, windows: torch.Tensor, batch_size: int = 4) -> float:
 
 
 @torch.no_grad()
-def greedy(model, ids: list[int], new_tokens: int) -> list[int]:
-    out = model.generate(input_ids=torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                         max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
-    return out[0, len(ids):].tolist()
+def greedy(model, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
+    """``new_tokens`` greedy tokens after each prompt (EOS ignored), generated as one
+    left-padded batch, as the engines batch them. On the default model, 12 prompts x 64
+    tokens, 2 cores (Zen 4): fp32 6.7 s batched against 43.9 s prompt by prompt, with
+    the same tokens for all 12; bf16 5.1 s against 32.7 s, but only 2 of 12 the same,
+    since bf16 rounding follows the batch's shape (the bf16 engine's tokens do too)."""
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + list(p) for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens,
+                         min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+    return out[:, width:].tolist()
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
