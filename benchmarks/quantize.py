@@ -76,7 +76,7 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(hf)
     prompts = fixed_prompt_ids(tokenizer)
     bf16 = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
-    reference = [greedy(bf16, p, 64) for p in prompts]
+    reference = greedy(bf16, prompts, 64)
 
     rows = []
     first = records.read(work / VARIANTS[0][0] / "quantization_report.json", "quantization")
@@ -87,7 +87,7 @@ def main() -> None:
         report = records.read(d / "quantization_report.json", "quantization")
         check = records.read(d / "engine_check.json", "engine_check")
         model = dequantized_reference(d, hf)
-        outs = [greedy(model, p, 64) for p in prompts]
+        outs = greedy(model, prompts, 64)
         prefixes = [common_prefix(o, r) for o, r in zip(outs, reference)]
         vs_bf16 = check["against"]["bf16"]["greedy"]
         rows.append({
