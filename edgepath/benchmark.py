@@ -59,6 +59,7 @@ from typing import Any
 
 from . import records, weight_paths
 from .command import Command
+from .fidelity import headline, increase_percent
 from .engines.worker import EngineProcess
 from .engines.worker import command as worker_command
 from .errors import EdgepathError
@@ -306,14 +307,6 @@ def _perplexity(nll: list[list[float]]) -> float:
     return math.exp(sum(tokens) / len(tokens))
 
 
-def _headline(increases: dict[str, float]) -> dict[str, Any]:
-    """The mean of the per-genre increases and the worst genre (the first in name order
-    on a tie), rounded as the per-genre figures are."""
-    worst = max(sorted(increases), key=lambda g: increases[g])
-    return {"mean_increase_pct": round(statistics.mean(increases.values()), 2),
-            "worst": {"genre": worst, "increase_pct": round(increases[worst], 2)}}
-
-
 def _fidelity(scored: dict[str, dict[str, list]], greedy: list[list[int]], reference: dict[str, Any]) -> dict[str, Any]:
     """One arm's fidelity against bf16's ``reference`` (its per-genre ``perplexity`` and
     ``top1``, its ``greedy`` tokens): per genre (``scored``: genre -> the engine's score
@@ -322,13 +315,12 @@ def _fidelity(scored: dict[str, dict[str, list]], greedy: list[list[int]], refer
     from .engine_check import agreement, greedy_summary
 
     perplexities = {genre: _perplexity(s["nll"]) for genre, s in scored.items()}
-    # over bf16's, in percent, as the quantization report's increase_pct
-    increases = {genre: 100 * (ppl / reference["perplexity"][genre] - 1) for genre, ppl in perplexities.items()}
+    increases = {genre: increase_percent(ppl, reference["perplexity"][genre]) for genre, ppl in perplexities.items()}
     genres = {genre: {"perplexity": round(perplexities[genre], 3),
                       "top1_vs_bf16": round(agreement(s["top1"], reference["top1"][genre]), 4),
                       "increase_pct": round(increases[genre], 2)} for genre, s in scored.items()}
     summary = greedy_summary(greedy, reference["greedy"])
-    return {"genres": genres, **_headline(increases),
+    return {"genres": genres, **headline(increases),
             "top1_vs_bf16": round(agreement([r for s in scored.values() for r in s["top1"]],
                                             [r for g in scored for r in reference["top1"][g]]), 4),
             "prompts_reproduced": summary["identical"], "prompts": summary["prompts"],

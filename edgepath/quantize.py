@@ -47,6 +47,7 @@ from typing import Any
 from . import __version__, engine_check, files, hf_model, records, shapes, weight_paths
 from .command import Command
 from .errors import EdgepathError
+from .fidelity import headline, increase_percent
 from .fleet import Calibration, check_namespace
 from .weight_paths import Grid, Stage, WeightPathSpec
 
@@ -255,11 +256,6 @@ def run(model_dir: str | Path, path: str, out: str | Path, settings: Settings = 
     return report
 
 
-def increase_percent(perplexity: float, reference: float) -> float:
-    """How much higher ``perplexity`` is than ``reference``, in percent."""
-    return 100 * (perplexity / reference - 1)
-
-
 def _perplexities(model, held_out: dict[str, Any], arm: str, started: float,
                   reference: dict[str, float] | None = None) -> dict[str, float]:
     """Genre -> ``model``'s perplexity on its held-out windows, a progress line each
@@ -283,10 +279,8 @@ def fidelity(reference: dict[str, float], quantized: dict[str, float], windows: 
     increases = {g: increase_percent(quantized[g], reference[g]) for g in reference}
     by_genre = {g: {"perplexity_reference": reference[g], "perplexity_quantized": quantized[g],
                     "increase_pct": round(increases[g], 2)} for g in reference}
-    worst = max(increases, key=increases.get) if increases else None
     return {"windows_per_genre": windows, "length": length, "held_out": held_out, "genres": by_genre,
-            "mean_increase_pct": round(sum(increases.values()) / len(increases), 2) if increases else None,
-            "worst": {"genre": worst, "increase_pct": round(increases[worst], 2)} if worst else None}
+            **headline(increases)}
 
 
 def _failed(checked: dict[str, Any]) -> str:

@@ -13,6 +13,7 @@ import jsonschema
 import pytest
 
 from edgepath import benchmark, manifest, patch_verify, records
+from edgepath.fidelity import headline
 from edgepath.errors import EdgepathError
 from edgepath.profile import HardwareProfile
 from edgepath.select import select_weight_path, selection_record
@@ -37,7 +38,7 @@ def _fidelity(increases: dict[str, float], reproduced: int) -> dict:
     """An arm's fidelity record as the stage writes it, from its increase over bf16 per genre."""
     genres = {g: {"perplexity": round(BF16_PERPLEXITY[g] * (1 + pct / 100), 3), "top1_vs_bf16": 0.8,
                   "increase_pct": pct} for g, pct in increases.items()}
-    return {"genres": genres, **benchmark._headline(increases), "top1_vs_bf16": 0.8,
+    return {"genres": genres, **headline(increases), "top1_vs_bf16": 0.8,
             "prompts_reproduced": reproduced, "prompts": 12, "mean_identical_leading_tokens": 20.0}
 
 
