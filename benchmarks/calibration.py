@@ -51,6 +51,9 @@ class Variant:
     symmetric: bool = True
     """The grid: symmetric (``w4a8-amx``'s) or asymmetric (``w4a16-tinygemm``'s)."""
     search: str = "output-error"
+    signed: bool = False
+    """The symmetric scale's sign searched too (``gptq.ScaleSearch.signed``; the product's
+    output-error search since this row was measured)."""
     head: str = "int4"
     chat_fraction: float = 0.2
     group: int | None = None
@@ -75,10 +78,13 @@ VARIANTS = {
     # the defaults since (params.yaml), per grid
     "mix-minmax-search-bf16-head-256x256-damp0.01": Variant(symmetric=False, head="bf16", samples=256, damp=0.01),
     "mix-sym-bf16-head-256x256-damp0.01": Variant(head="bf16", samples=256, damp=0.01),
+    # the symmetric scale's sign searched too
+    "mix-sym-signed-bf16-head-256x256-damp0.01": Variant(head="bf16", samples=256, damp=0.01, signed=True),
+    "mix-sym-signed-bf16-head-512x256-damp0.01": Variant(head="bf16", samples=512, damp=0.01, signed=True),
     # group 32: the grid of the embedded model's source GGUF (Q4_1), see calibration.md
     "mix-sym-g32": Variant(group=32),
     # the defaults' GPTQ on llama.cpp's Q4_0 grid, in llama.cpp (issue 21)
-    "mix-sym-g32-q4_0-gguf": Variant(head="bf16", samples=256, damp=0.01, group=32, gguf=True),
+    "mix-sym-g32-q4_0-gguf": Variant(head="bf16", samples=256, damp=0.01, signed=True, group=32, gguf=True),
 }
 
 
@@ -127,16 +133,15 @@ def _as_gguf(model, hf: Path, held_out, work: Path, threads: int) -> dict:
     llama.cpp's top-1 agreement with PyTorch on the same weights (the path's check)."""
     import shutil
 
-    import torch
-
     from edgepath.engines import gguf_gptq
 
     shutil.rmtree(work / "gptq-hf", ignore_errors=True)
     path = work / "gptq-q4_0.gguf"
     gguf_gptq.write(gguf_gptq.save_dequantized(model, hf, work / "gptq-hf"), path)
     arm = _scored_by_llama_cpp(path, held_out, threads)
-    reference = gguf_gptq.reference_model(model, "Q8_0")
-    arm["top1_vs_pytorch"] = round(gguf_gptq.agreement(path, reference, torch.cat(list(held_out.values())), threads), 4)
+    reference = gguf_gptq.reference_model(model, gguf_gptq.EMBEDDING_TYPE)
+    overall, _ = gguf_gptq.agreement(path, reference, {g: w.tolist() for g, w in held_out.items()}, threads)
+    arm["top1_vs_pytorch"] = round(overall, 4)
     return arm
 
 
@@ -221,7 +226,10 @@ def main() -> None:
                                                            if v.head == "int4" else {})})[0]
         model = copy.deepcopy(base)
         started = time.monotonic()
-        quantized = quantize_model(model, calib.tokens, group, grid(v.symmetric, v.search), v.damp, True, quantize_head=v.head == "int4")
+        search = grid(v.symmetric, v.search)
+        if v.symmetric and search.objective != "none":
+            search = dataclasses.replace(search, signed=v.signed)
+        quantized = quantize_model(model, calib.tokens, group, search, v.damp, True, quantize_head=v.head == "int4")
         seconds = time.monotonic() - started
         if v.gguf:
             assert v.symmetric and group == 32, f"{name}: Q4_0 is the symmetric grid at group 32"

@@ -175,6 +175,19 @@ def why_not_run_here(path_name: str, verify_dir: Path) -> str | None:
     return None
 
 
+def _build_arm(name: str, artifact: Path, parameters: int) -> Arm:
+    """Path ``name``'s build in ``artifact``, in the engine its record names."""
+    spec = weight_paths.get(name)
+    if spec.engine is weight_paths.Engine.LLAMA_CPP:
+        # bits as llama.cpp counts them, like the controls': its check loaded the file
+        stored = records.read(artifact / records.FILE_NAMES["gguf_check"], "gguf_check")["file"]
+        return Arm(name, "build", "llama.cpp", artifact / stored["name"], bits_per_weight=stored["bits_per_weight"],
+                   bytes_per_token=round(stored["bits_per_weight"] * stored["parameters"] / 8))
+    total, per_token = _stored_bytes(artifact)
+    return Arm(name, "build", "vllm", artifact, spec.quantization, tuple(sorted(spec.process_env().items())),
+               round(total * 8 / parameters, 3), per_token)
+
+
 def plan(paths: list[str], verify_dir: Path, weights_dir: Path, model_dir: Path, parameters: int,
          control: dict[str, Any] | None, control_dir: Path) -> tuple[list[Arm], dict[str, dict[str, Any]]]:
     """The arms (the builds of ``paths`` that run here, then the controls) and, per
@@ -183,10 +196,7 @@ def plan(paths: list[str], verify_dir: Path, weights_dir: Path, model_dir: Path,
     for name in paths:
         reason = why_not_run_here(name, verify_dir)
         if reason is None:
-            engine = weight_paths.get(name)
-            total, per_token = _stored_bytes(weights_dir / name)
-            builds.append(Arm(name, "build", "vllm", weights_dir / name, engine.quantization,
-                              tuple(sorted(engine.process_env().items())), round(total * 8 / parameters, 3), per_token))
+            builds.append(_build_arm(name, weights_dir / name, parameters))
             states[name] = {"state": "measured", "detail": f"{name} passed patch-verify on this host"}
         else:
             states[name] = {"state": "not measured here", "detail": reason}
@@ -498,7 +508,7 @@ def plots_and_metrics(record: dict[str, Any]) -> dict[str, str]:
                  "worst_increase_pct": a["fidelity"]["worst"]["increase_pct"],
                  "top1_vs_bf16": a["fidelity"]["top1_vs_bf16"],
                  "prompts_reproduced": a["fidelity"]["prompts_reproduced"],
-                 "bits_per_weight": a["bits_per_weight"]} for a in arms]
+                 "bits_per_weight": a["bits_per_weight"], "decode_tok_s": a["decode_tok_s"]["median"]} for a in arms]
     # one bar per (genre, arm): dvc's bar templates draw one nominal field, hence the label
     genres = [{"genre": genre, "arm": a["name"], "genre_arm": f"{genre}: {a['name']}",
                "perplexity": f["perplexity"], "increase_pct": f["increase_pct"], "top1_vs_bf16": f["top1_vs_bf16"]}

@@ -45,7 +45,7 @@ from .command import Command
 from .errors import EdgepathError
 from .fleet import Calibration
 from .profile import HardwareProfile
-from .weight_paths import WeightPathSpec
+from .weight_paths import Engine, WeightPathSpec
 
 RECORD_KIND = "patch_verify"
 
@@ -130,9 +130,11 @@ def run(path_name: str, artifact: str | os.PathLike, model_dir: str | os.PathLik
     held-out text of the comparison leaves out (``calibration.held_out_genres``)."""
     engine = weight_paths.get(path_name)
     if not engine.verifiable_by_patch_verify:
-        raise EdgepathError(f"{path_name} is not a 4-bit vLLM CPU path; patch-verify runs "
+        raise EdgepathError(f"{path_name} is not a quantize stage's path; patch-verify runs "
                             f"{', '.join(n for n, p in weight_paths.PATHS.items() if p.verifiable_by_patch_verify)}")
     artifact, model_dir = Path(artifact), Path(model_dir)
+    if engine.engine is Engine.LLAMA_CPP:
+        return _run_gguf(path_name, artifact, model_dir, out, host, corpus, holdout)
     # the checkpoint's config is read (a regular file, a JSON object) before any engine starts
     files.read_json(artifact / "config.json", missing=f"no checkpoint: has quantize@{path_name} run?")
     record: dict[str, Any] = {
@@ -140,6 +142,7 @@ def run(path_name: str, artifact: str | os.PathLike, model_dir: str | os.PathLik
         "path": path_name,
         "artifact": str(artifact),
         "host": {"digest": host.digest(), "summary": host.summary()},
+        "engine": engine.engine.value,
         "engine_kwargs": {"quantization": engine.quantization},
         "engine_env": engine.process_env(),
     }
@@ -185,6 +188,50 @@ def run(path_name: str, artifact: str | os.PathLike, model_dir: str | os.PathLik
     return record
 
 
+def _run_gguf(path_name: str, artifact: Path, model_dir: Path, out: str | os.PathLike, host: HardwareProfile,
+              corpus: str, holdout: tuple[str, ...]) -> dict[str, Any]:
+    """A llama.cpp path's patch-verify: llama.cpp loads the GGUF, its teacher-forced top-1
+    agrees with the file's own weights read back and dequantized in PyTorch
+    (``gguf_gptq.read_back``: an independent reader, gguf-py's), and a copy with its
+    nibbles swapped fails the same check (the check can see a packing mistake).
+    llama.cpp runs unpatched on any CPU: no start is cached, no patch applies."""
+    from transformers import AutoTokenizer
+
+    from . import calibration
+    from .engines import gguf_gptq
+
+    gguf = artifact / gguf_gptq.FILE_NAME
+    if not gguf.is_file():
+        raise EdgepathError(f"{gguf}: no GGUF: has quantize@{path_name} run?")
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    sequences = engine_check.check_sequences(tokenizer, calibration.load_corpus(corpus, list(holdout)))
+    reference = gguf_gptq.read_back(gguf, model_dir)
+    threads = os.cpu_count() or 1
+    check = gguf_gptq.check(gguf, reference, gguf_gptq.READ_BACK_IS, sequences, threads)
+    with tempfile.TemporaryDirectory(prefix="edgepath-verify-") as scratch:
+        swapped, _ = gguf_gptq.agreement(gguf_gptq.swap_nibbles(gguf, Path(scratch) / "swapped.gguf"),
+                                         reference, sequences, threads)
+    agreement = check["against"]["reference"]["teacher_forced_top1_agreement"]
+    failures = []
+    if not check["passed"]:
+        failures.append(f"llama.cpp's top-1 agreement with the file's own weights {agreement:.3f} is under "
+                        f"{gguf_gptq.AGREEMENT_PASS}")
+    if swapped >= gguf_gptq.AGREEMENT_PASS:
+        failures.append(f"a copy with its nibbles swapped scored {swapped:.3f}, not under {gguf_gptq.AGREEMENT_PASS}: "
+                        f"the check cannot see a packing mistake")
+    record = {
+        **records.envelope(RECORD_KIND), "path": path_name, "artifact": str(artifact),
+        "host": {"digest": host.digest(), "summary": host.summary()}, "engine": Engine.LLAMA_CPP.value,
+        "engine_kwargs": {}, "engine_env": {}, "not_run": None, "starts": None, "patches": {},
+        "check": {**{k: v for k, v in check.items() if k not in ("kind", "schema_version")},
+                  "swapped_nibbles": {"teacher_forced_top1_agreement": round(swapped, 4),
+                                      "failed": swapped < gguf_gptq.AGREEMENT_PASS}},
+        "passed": not failures, "failures": failures,
+    }
+    records.write(out, RECORD_KIND, record)
+    return record
+
+
 # ---------------------------------------------------------------- the command
 
 def _cmd(args: argparse.Namespace) -> None:
@@ -197,9 +244,15 @@ def _cmd(args: argparse.Namespace) -> None:
     if record["not_run"]:
         print(f"patch-verify@{args.path}: not run here: {record['not_run']} -> {args.out}")
         return
-    patches = ", ".join(f"{name} {p['state']}" for name, p in record["patches"].items())
-    print(f"patch-verify@{args.path}: {'passed' if record['passed'] else 'FAILED'}; starts cold "
-          f"{record['starts']['cold_s']:.0f} s, warm {record['starts']['warm_s']:.0f} s; {patches} -> {args.out}")
+    if record["engine"] == Engine.LLAMA_CPP.value:
+        check = record["check"]
+        print(f"patch-verify@{args.path}: {'passed' if record['passed'] else 'FAILED'}; llama.cpp top-1 agreement "
+              f"with the file's own weights {check['against']['reference']['teacher_forced_top1_agreement']:.3f}, "
+              f"its nibbles swapped {check['swapped_nibbles']['teacher_forced_top1_agreement']:.3f} -> {args.out}")
+    else:
+        patches = ", ".join(f"{name} {p['state']}" for name, p in record["patches"].items())
+        print(f"patch-verify@{args.path}: {'passed' if record['passed'] else 'FAILED'}; starts cold "
+              f"{record['starts']['cold_s']:.0f} s, warm {record['starts']['warm_s']:.0f} s; {patches} -> {args.out}")
     if not record["passed"]:
         raise EdgepathError(f"{args.path} failed verification: {'; '.join(record['failures'])}")
 

@@ -9,14 +9,18 @@ Lifecycle of ``run(model_dir, path, out, settings)``:
 2. Calibrate: draw the token windows (``calibration``).
 3. Quantize layer by layer (``gptq.sequential``: GPTQ with a per-group grid
    search on the layer's output error), the output head too when ``head: int4``.
-4. Pack into the path's format (``gptq.gptq_format``, ``gptq.cpu_int4_format``), copy config,
-   tokenizer and chat template, and write ``quantization_report.json`` beside
-   the weights. Its fidelity: perplexity of the unquantized model and of the
-   quantized one on each genre's held-out windows (``calibration.held_out_genres``:
-   the multi-genre corpus's held-out documents, whatever corpus calibrated), each
-   genre's increase in percent, and as headline their mean and the worst genre.
-5. Check the written checkpoint in real vLLM against its dequantized weights
-   and the unquantized model (``engine_check``), into ``engine_check.json``.
+4. Pack into the path's format (``gptq.gptq_format``, ``gptq.cpu_int4_format``; for
+   ``q4_0-gguf`` a GGUF of Q4_0 blocks, ``engines.gguf_gptq``), copy config,
+   tokenizer and chat template (a GGUF carries its own), and write
+   ``quantization_report.json`` beside the weights. Its fidelity: perplexity of
+   the unquantized model and of the quantized one on each genre's held-out
+   windows (``calibration.held_out_genres``: the multi-genre corpus's held-out
+   documents, whatever corpus calibrated), each genre's increase in percent, and
+   as headline their mean and the worst genre.
+5. Check the written checkpoint in its real engine: in vLLM against its
+   dequantized weights and the unquantized model (``engine_check``, into
+   ``engine_check.json``); a GGUF in llama.cpp against the same weights in
+   PyTorch (``engines.gguf_gptq.check``, into ``gguf_check.json``).
    A checkpoint that fails is not published: ``out`` appears whole and
    checked, or not at all (``records.output_directory``: it replaces only an
    earlier checkpoint of this stage, never the model). Where this host's vLLM has no
@@ -28,8 +32,8 @@ Every path the registry says this stage builds (``weight_paths``, ``built_by``
 quantize) shares steps 1-3 and the report; they differ in what their record
 names: the grid (``w4a8-amx``: symmetric, its scale searched, for vLLM's GPTQ
 kernels; ``w4a16-tinygemm``: asymmetric, its range searched, for tinygemm
-through edgepath's vLLM plugin; ``gptq.gptq.grid``), the group-size rule, and step 4's
-packing (the checkpoint format's class, ``gptq.layer_format``).
+through edgepath's vLLM plugin; ``q4_0-gguf``: symmetric at group 32, for llama.cpp;
+``gptq.gptq.grid``), the group-size rule, and steps 4-5's packing and engine.
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ from .command import Command
 from .errors import EdgepathError
 from .fidelity import headline, increase_percent
 from .fleet import Calibration, check_namespace
-from .weight_paths import Grid, Stage, WeightPathSpec
+from .weight_paths import Engine, Grid, Stage, WeightPathSpec
 
 REPORT_NAME = records.FILE_NAMES["quantization"]
 WEIGHTS_NAME = "model.safetensors"
@@ -145,6 +149,7 @@ def _tensor_report(name: str, weight, q) -> dict[str, Any]:
                          "max": round(ratios.max().item(), 4),
                          "widened": round((ratios > 1).float().mean().item(), 4),
                          "shrunk": round((ratios < 1).float().mean().item(), 4)},
+        "negative_scales": round((scales < 0).float().mean().item(), 4),
     }
 
 
@@ -169,14 +174,15 @@ def run(model_dir: str | Path, path: str, out: str | Path, settings: Settings = 
     """Build ``out`` (module docstring); returns the report written beside the weights."""
     model_dir, out = Path(model_dir), files.path_of(out, "--out")
     spec = weight_paths.require(path, Stage.QUANTIZE)
+    if spec.engine is Engine.LLAMA_CPP and settings.head != "bf16":
+        raise EdgepathError(f"quantize.head {settings.head!r}: {path} keeps the output head tied to the embedding "
+                            f"table, which its GGUF stores as Q8_0; the head setting 'int4' is for vLLM paths")
     records.check_output_directory(out, "quantization", sources=[model_dir])  # before minutes of GPTQ
     info = hf_model.inspect(model_dir, with_file_digests=False)
     layers = quantized_layers(info, settings.head)
     group, group_reason = spec.group_size(layers)
 
     import torch
-    from safetensors import safe_open
-    from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from . import calibration
@@ -204,7 +210,47 @@ def run(model_dir: str | Path, path: str, out: str | Path, settings: Settings = 
     quantized = quantize_model(model, calib.tokens, group, grid, settings.damp,
                                settings.group_order, quantize_head=settings.head == "int4")
     gptq_time = time.monotonic() - gptq_started
+    gguf = spec.engine is Engine.LLAMA_CPP
+    if gguf:  # the tied embedding and head as the file stores them, so the report scores the file's weights
+        from .engines import gguf_gptq
+
+        gguf_gptq.reference_model(model, gguf_gptq.EMBEDDING_TYPE)
     ppl_quantized = _perplexities(model, held_out, "quantized", started, ppl_reference)
+
+    report = {
+        **records.envelope("quantization"),
+        "path": path,
+        "format": {"quant_method": spec.checkpoint_format, "layout": spec.checkpoint_layout,
+                   "kernel": spec.group_rule.kernel, "group_size": group, "group_size_reason": group_reason},
+        "model": {"directory": str(model_dir.resolve()), "fingerprint": info["fingerprint"]},
+        "head": ({"stored": "q8_0", "tied_embedding_kept": "q8_0"} if gguf
+                 else {"stored": settings.head, "tied_embedding_kept": "bf16"}),
+        "algorithm": {"name": "gptq", "search": grid.name, "ratios": list(grid.ratios), "signed": grid.signed,
+                      "damp": settings.damp, "group_order": settings.group_order, "true_sequential": True},
+        "calibration": calib.record,
+        "fidelity": fidelity(ppl_reference, ppl_quantized, settings.eval_windows, settings.eval_length,
+                             held_out_documents),
+        "tensors": {p: _tensor_report(p, original[f"{p}.weight"], q) for p, q in sorted(quantized.items())},
+        "versions": _versions(),
+        "gptq_time_s": round(gptq_time, 1),
+        "wall_time_s": round(time.monotonic() - started, 1),
+    }
+    if gguf:
+        _publish_gguf(model, model_dir, out, report, spec.bits_per_weight(group), check_sequences)
+    else:
+        del model
+        _publish_checkpoint(spec, settings, model_dir, info, out, report, quantized, group, check_sequences)
+    return report
+
+
+def _publish_checkpoint(spec: WeightPathSpec, settings: Settings, model_dir: Path, info: dict[str, Any], out: Path,
+                        report: dict[str, Any], quantized: dict[str, Any], group: int,
+                        check_sequences: dict[str, list[list[int]]]) -> None:
+    """Step 4 and 5 for a vLLM path: the safetensors checkpoint in the path's format,
+    checked in vLLM (``engine_check``) before ``out`` is published."""
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
 
     tensors_to_save: dict[str, torch.Tensor] = {}
     for f in hf_model.weight_files(model_dir):
@@ -217,33 +263,13 @@ def run(model_dir: str | Path, path: str, out: str | Path, settings: Settings = 
         for name, t in _pack(spec, prefix, q).items():
             tensors_to_save[name] = t
             stored_bits += t.numel() * t.element_size() * 8
-    quantized_weights = sum(q.codes.numel() for q in quantized.values())
+    report["bits_per_weight"] = round(stored_bits / sum(q.codes.numel() for q in quantized.values()), 4)
+    records.validate("quantization", report, where=str(out / REPORT_NAME))
 
     config = files.read_json(model_dir / "config.json")
     config["quantization_config"] = _quantization_config(spec, group, settings)
     if settings.head == "int4":
         config["tie_word_embeddings"] = False  # the bf16 table stays for lookups
-
-    report = {
-        **records.envelope("quantization"),
-        "path": path,
-        "format": {"quant_method": spec.checkpoint_format, "layout": spec.checkpoint_layout,
-                   "kernel": spec.group_rule.kernel, "group_size": group, "group_size_reason": group_reason},
-        "model": {"directory": str(model_dir.resolve()), "fingerprint": info["fingerprint"]},
-        "head": {"stored": settings.head, "tied_embedding_kept": "bf16"},
-        "algorithm": {"name": "gptq", "search": grid.name, "ratios": list(grid.ratios),
-                      "damp": settings.damp, "group_order": settings.group_order, "true_sequential": True},
-        "calibration": calib.record,
-        "bits_per_weight": round(stored_bits / quantized_weights, 4),
-        "fidelity": fidelity(ppl_reference, ppl_quantized, settings.eval_windows, settings.eval_length,
-                             held_out_documents),
-        "tensors": {p: _tensor_report(p, original[f"{p}.weight"], q) for p, q in sorted(quantized.items())},
-        "versions": _versions(),
-        "gptq_time_s": round(gptq_time, 1),
-        "wall_time_s": round(time.monotonic() - started, 1),
-    }
-    records.validate("quantization", report, where=str(out / REPORT_NAME))
-    del model
     with records.output_directory(out, "quantization", sources=[model_dir]) as scratch:
         save_file(tensors_to_save, str(scratch / WEIGHTS_NAME), metadata={"format": "pt"})
         (scratch / "config.json").write_text(json.dumps(config, indent=2) + "\n")
@@ -253,7 +279,34 @@ def run(model_dir: str | Path, path: str, out: str | Path, settings: Settings = 
         records.write(scratch / engine_check.CHECK_NAME, "engine_check", {**records.envelope("engine_check"), **checked})
         if not checked["passed"] and checked["not_run"] is None:
             raise EdgepathError(_failed(checked))
-    return report
+
+
+def _publish_gguf(model, model_dir: Path, out: Path, report: dict[str, Any], bits_per_weight: float,
+                  check_sequences: dict[str, list[list[int]]]) -> None:
+    """Step 4 and 5 for a llama.cpp path: the GGUF of GPTQ's blocks
+    (``engines.gguf_gptq.write``), checked in llama.cpp against ``model`` (the same
+    weights in PyTorch) before ``out`` is published."""
+    import os
+    import tempfile
+
+    from .engines import gguf_gptq
+
+    report["bits_per_weight"] = bits_per_weight  # every quantized weight is in a Q4_0 block: 4 bits + an fp16 per 32
+    records.validate("quantization", report, where=str(out / REPORT_NAME))
+    with records.output_directory(out, "quantization", sources=[model_dir]) as scratch:
+        with tempfile.TemporaryDirectory(dir=scratch, prefix=".hf-") as hf:
+            gguf_gptq.write(gguf_gptq.save_dequantized(model, model_dir, hf), scratch / gguf_gptq.FILE_NAME)
+        (scratch / REPORT_NAME).write_text(records.dumps(report))
+        print("quantize: checking the GGUF in llama.cpp against the same weights in PyTorch",
+              file=sys.stderr, flush=True)
+        checked = gguf_gptq.check(scratch / gguf_gptq.FILE_NAME, model, gguf_gptq.REFERENCE_IS, check_sequences,
+                                  threads=os.cpu_count() or 1)
+        records.write(scratch / records.FILE_NAMES["gguf_check"], "gguf_check", checked)
+        if not checked["passed"]:
+            agreement = checked["against"]["reference"]["teacher_forced_top1_agreement"]
+            raise EdgepathError(f"llama.cpp's output disagrees with the GPTQ weights it was written from: top-1 "
+                                f"agreement {agreement:.3f} < {gguf_gptq.AGREEMENT_PASS} (a packing or "
+                                f"tensor-order mistake); the GGUF was not written")
 
 
 def _perplexities(model, held_out: dict[str, Any], arm: str, started: float,
@@ -311,8 +364,13 @@ def _cmd(args: argparse.Namespace) -> None:
     ppl = (f", held-out perplexity {fid['mean_increase_pct']:+.1f} % over the unquantized model on average "
            f"over {len(fid['genres'])} genres, worst {fid['worst']['genre']} {fid['worst']['increase_pct']:+.1f} %"
            if fid["worst"] else "")
-    check = records.read(Path(args.out) / engine_check.CHECK_NAME, "engine_check")
-    checked = f"engine check not run: {check['not_run']}" if check["not_run"] else "engine check passed"
+    if weight_paths.get(args.path).engine is Engine.LLAMA_CPP:
+        check = records.read(Path(args.out) / records.FILE_NAMES["gguf_check"], "gguf_check")
+        checked = (f"llama.cpp check passed (top-1 agreement "
+                   f"{check['against']['reference']['teacher_forced_top1_agreement']:.3f})")
+    else:
+        check = records.read(Path(args.out) / engine_check.CHECK_NAME, "engine_check")
+        checked = f"engine check not run: {check['not_run']}" if check["not_run"] else "engine check passed"
     print(f"quantize: {args.path} ({report['format']['quant_method']}, group {report['format']['group_size']}, "
           f"{report['bits_per_weight']:.3f} bits/weight, head {report['head']['stored']}){ppl}, "
           f"{report['wall_time_s']:.0f} s, {checked} -> {args.out}")
@@ -320,7 +378,7 @@ def _cmd(args: argparse.Namespace) -> None:
 
 def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="Hugging Face directory, or a model record (model.json)")
-    p.add_argument("--path", required=True, help="weight path: w4a8-amx or w4a16-tinygemm")
+    p.add_argument("--path", required=True, help=f"weight path: {', '.join(weight_paths.built_by(Stage.QUANTIZE))}")
     p.add_argument("--out", required=True, help="output directory (replaced atomically; only an earlier checkpoint)")
     p.add_argument("--params", default="params.yaml",
                    help="settings from its 'quantize' and 'calibration' namespaces, if present")
@@ -341,10 +399,14 @@ COMMAND = Command("quantize", "write a weight path's 4-bit checkpoint", """\
     the layer's output error (clipped from min/max), packed as cpu_int4
     (uint8 nibbles, bf16 scales and offsets) that edgepath's vLLM plugin runs
     through PyTorch's tinygemm kernel with bf16 activations.
-    Both are calibrated on real text (params.yaml: calibration, quantize) and
-    checked in real vLLM against their own weights and bf16 before OUT is
-    published. OUT holds the weights, config, tokenizer, quantization_report.json
-    and engine_check.json.
+    q4_0-gguf: the symmetric GPTQ at group 32 written as llama.cpp's Q4_0 blocks
+    in a GGUF (metadata, tokenizer and chat template from llama.cpp's converter;
+    the tied embedding Q8_0), checked in llama.cpp (OUT: model.gguf,
+    quantization_report.json, gguf_check.json).
+    All are calibrated on real text (params.yaml: calibration, quantize) and
+    checked in their real engine before OUT is published. A vLLM path's OUT
+    holds the weights, config, tokenizer, quantization_report.json and
+    engine_check.json.
 
     examples: edgepath quantize --model build/model/hf --path w4a8-amx --out build/weights/w4a8-amx
               edgepath quantize --model build/model/model.json --path w4a16-tinygemm \\

@@ -23,13 +23,14 @@ from . import atomic, files
 from .errors import EdgepathError
 
 SCHEMA_VERSIONS = {"profile": 1, "model": 1, "selection": 4, "manifest": 7, "quantization": 2,
-                   "engine_check": 3, "patch_verify": 2, "control": 1, "benchmark": 2,
+                   "engine_check": 3, "gguf_check": 1, "patch_verify": 3, "control": 1, "benchmark": 2,
                    "export": 1, "pull": 2, "releases": 1, "device": 1}
 # Where a command puts its record in its output directory: read by the stage after it
 # (the manifest, the bundle) without importing the stage that wrote it, and the mark
 # that the directory is that command's own output (``output_directory``).
 FILE_NAMES = {"model": "model.json", "quantization": "quantization_report.json",
-              "engine_check": "engine_check.json", "export": "export.json", "control": "control.json",
+              "engine_check": "engine_check.json", "gguf_check": "gguf_check.json", "export": "export.json",
+              "control": "control.json",
               "benchmark": "benchmark.json", "device": "edgepath-device.json", "pull": "edgepath-pull.json"}
 # Documents checked against a schema of their own that are not records (no kind, no
 # schema_version): params.yaml.

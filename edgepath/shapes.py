@@ -75,3 +75,5 @@ class KernelShapeRule:
 GPTQ_CPU = KernelShapeRule("vLLM's CPU int4 GPTQ kernel", (128, 64, 32), in_multiple=32, out_multiple=32)
 # aten._weight_int4pack_mm_for_cpu (tinygemm): groups 32..256, N a multiple of 16.
 TINYGEMM_CPU = KernelShapeRule("tinygemm (_weight_int4pack_mm_for_cpu)", (128, 64, 32), in_multiple=32, out_multiple=16)
+# llama.cpp's Q4_0 block (ggml's QK4_0): 32 weights along a row; any row count.
+GGUF_Q4_0 = KernelShapeRule("llama.cpp's Q4_0 kernels", (32,), in_multiple=32, out_multiple=1)

@@ -359,7 +359,7 @@ def _patch_verify_cases() -> list[Case]:
              then(with_model, lambda d: (d / "w" / "w4a16-tinygemm").mkdir(parents=True),
                   bad("w/w4a16-tinygemm/config.json", lambda p: p.write_text("[]"))), absent=("v.json",)),
         Case("patch-verify-not-a-4-bit-path", lambda d: [*verify(d)[:2], "bf16", *verify(d)[3:]],
-             r"bf16 is not a 4-bit vLLM CPU path", with_model, absent=("v.json",)),
+             r"bf16 is not a quantize stage.s path", with_model, absent=("v.json",)),
     ]
 
 

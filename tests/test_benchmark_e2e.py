@@ -33,6 +33,11 @@ def test_every_arm_was_measured_interleaved_with_its_spread(bench):
         if a["engine"] == "vllm":  # the warm start loaded the compiled graph its cold start made
             assert a["start"]["warm_loaded_compiled"] is True
     assert arms["w4a16-tinygemm"]["engine_info"]["layer_modes"][0]["kernel"] == "edgepath::int4_mm"
+    # the GGUF build runs in llama.cpp on any CPU, counted as llama.cpp counts its controls
+    gguf = arms["q4_0-gguf"]
+    assert (gguf["role"], gguf["engine"], record["paths"]["q4_0-gguf"]["state"]) == ("build", "llama.cpp", "measured")
+    assert gguf["bits_per_weight"] < arms["llama.cpp Q4_0"]["bits_per_weight"] < arms["llama.cpp Q4_K_M"]["bits_per_weight"]
+    assert gguf["ratios"]["llama_q4_k_m"]["increase_ratio"] is not None
     assert record["settings"]["passes"] == 3 and record["settings"]["threads"] >= 1
     assert 0 <= record["load"]["other_cpu_share"]["max"] <= 1
 
@@ -110,4 +115,5 @@ def test_dvc_shows_the_metrics_and_plots(bench, tmp_path):
     run_checked(["dvc", "plots", "show", "--out", str(tmp_path / "plots")], dest, env)
     page = (tmp_path / "plots" / "index.html").read_text()
     assert "Decode tokens/s per build and control" in page and "llama.cpp Q4_0" in page
+    assert "Decode tokens/s against mean held-out perplexity increase" in page
     assert "per held-out genre and arm" in page and "dialogue: vllm bf16" in page

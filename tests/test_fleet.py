@@ -23,7 +23,7 @@ def test_shipped_params_are_valid():
                                     "gpu-cuda"]
     assert params.targets["host"].profile == fleet.PROBE
     assert params.model_source == "embedded"
-    assert params.quantize["paths"] == ["w4a8-amx", "w4a16-tinygemm"]
+    assert params.quantize["paths"] == ["w4a8-amx", "w4a16-tinygemm", "q4_0-gguf"]
 
 
 def test_a_namespace_is_read_without_the_fleet(tmp_path):

@@ -7,15 +7,15 @@ converter and the Q4_0 packer, and scored by llama.cpp against PyTorch on the sa
 weights. A copy with each block's nibbles swapped must fail that check.
 """
 
-import shutil
 
 import numpy as np
 import pytest
 import torch
 
+from edgepath import records
 from edgepath.engines import gguf_gptq
 from edgepath.errors import EdgepathError
-from edgepath.gptq.gguf_q4_0_format import BLOCK, BLOCK_BYTES, GgufQ4_0
+from edgepath.gptq.gguf_q4_0_format import BLOCK, GgufQ4_0
 from edgepath.gptq.gptq import dequantize_codes, quantize_codes, representable_scales
 
 
@@ -45,7 +45,8 @@ def on_grid(default_model, tmp_path_factory):
     counts = gguf_gptq.write(gguf_gptq.save_dequantized(model, hf, work / "hf"), work / "model.gguf")
     tokenizer = AutoTokenizer.from_pretrained(hf)
     windows = calibration.held_out_genres(tokenizer, calibration.load_corpus("mix", []), 1, 96)
-    return gguf_gptq.reference_model(model, "Q8_0"), work / "model.gguf", counts, torch.cat(list(windows.values()))
+    return (gguf_gptq.reference_model(model, "Q8_0"), work / "model.gguf", counts,
+            {genre: w.tolist() for genre, w in windows.items()})
 
 
 def test_every_decoder_matrix_is_q4_0_and_the_tied_embedding_q8_0(on_grid):
@@ -61,34 +62,24 @@ def test_every_decoder_matrix_is_q4_0_and_the_tied_embedding_q8_0(on_grid):
     assert "tokenizer.chat_template" in reader.fields and "tokenizer.ggml.tokens" in reader.fields
 
 
-def test_the_file_holds_the_weights_bit_for_bit(on_grid):
+def test_reading_the_file_back_gives_every_weight_it_was_written_from(on_grid, default_model):
     reference, path, _, _ = on_grid
-    reader = gguf_gptq.gguf_module().GGUFReader(path)
-    tensors = {t.name: t for t in reader.tensors}
-    # unpermuted by the converter (query and key rows are reordered for llama.cpp's rope)
-    for gguf_name, module in (("blk.3.ffn_down.weight", reference.model.layers[3].mlp.down_proj),
-                              ("blk.7.attn_v.weight", reference.model.layers[7].self_attn.v_proj)):
-        stored = GgufQ4_0(np.asarray(tensors[gguf_name].data))
-        assert np.array_equal(stored.dequantize(), module.weight.detach().numpy())
+    read = gguf_gptq.read_back(path, default_model / "hf")
+    written = dict(reference.named_parameters())
+    for name, param in read.named_parameters():  # the query and key rows too, unpermuted
+        assert torch.equal(param, written[name]), name
 
 
 def test_llama_cpp_reproduces_pytorch_and_a_swapped_nibble_order_fails(on_grid, tmp_path):
     reference, path, _, windows = on_grid
-    agreement = gguf_gptq.agreement(path, reference, windows, threads=2)
-    assert agreement >= gguf_gptq.AGREEMENT_PASS, agreement
+    check = gguf_gptq.check(path, reference, "the same weights in PyTorch", windows, threads=2)
+    records.validate("gguf_check", check)
+    assert check["passed"], check["against"]
+    assert check["file"]["tensor_types"] == {"F32": 61, "Q4_0": 210, "Q8_0": 1}
+    assert set(check["against"]["reference"]["teacher_forced_top1_by_genre"]) == set(windows)
 
-    swapped = tmp_path / "swapped.gguf"
-    shutil.copy(path, swapped)
-    gguf = gguf_gptq.gguf_module()
-    reader = gguf.GGUFReader(swapped, "r+")
-    for tensor in reader.tensors:
-        if tensor.tensor_type == gguf.GGMLQuantizationType.Q4_0:
-            blocks = tensor.data.reshape(-1, BLOCK_BYTES)
-            qs = blocks[:, 2:]
-            qs[:] = (qs >> 4) | (qs << 4)
-    reader.data.flush()
-    del reader
-    wrong = gguf_gptq.agreement(swapped, reference, windows, threads=2)
+    swapped = gguf_gptq.swap_nibbles(path, tmp_path / "swapped.gguf")
+    wrong, _ = gguf_gptq.agreement(swapped, reference, windows, threads=2)
     assert wrong < 0.5, wrong
 
 

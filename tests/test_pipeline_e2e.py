@@ -1,5 +1,6 @@
 """`dvc repro` for real, in a temporary copy of the repository."""
 
+import hashlib
 import json
 import shutil
 
@@ -22,8 +23,9 @@ def test_repro_writes_a_valid_manifest_naming_every_target(pipeline):
     m = records.read(dest / "manifest.json", "manifest")
     assert [t["tag"] for t in m["targets"]] == list(fleet)
     for stage in ("model", *(f"{s}@{tag}" for s in ("probe", "select") for tag in fleet),
-                  "quantize@w4a8-amx", "quantize@w4a16-tinygemm", "patch_verify@w4a8-amx",
-                  "patch_verify@w4a16-tinygemm", "export@w8a16-qnn", "control", "benchmark", "manifest"):
+                  "quantize@w4a8-amx", "quantize@w4a16-tinygemm", "quantize@q4_0-gguf", "patch_verify@w4a8-amx",
+                  "patch_verify@w4a16-tinygemm", "patch_verify@q4_0-gguf", "export@w8a16-qnn", "control", "benchmark",
+                  "manifest"):
         assert f"Running stage '{stage}'" in log
     model_record = records.read(dest / "build/model/model.json", "model")
     assert m["model"]["fingerprint"] == model_record["fingerprint"]
@@ -80,6 +82,25 @@ def test_repro_writes_a_valid_manifest_naming_every_target(pipeline):
     assert gpu["build"]["state"] == "built"
     for artifact in gpu["artifacts"]:  # the bf16 checkpoint itself, hashed
         assert (dest / artifact["path"]).stat().st_size == artifact["size"]
+
+
+def test_the_gguf_build_is_checked_in_llama_cpp_and_a_swapped_copy_fails(pipeline):
+    dest, _, _ = pipeline
+    built = dest / "build/weights/q4_0-gguf"
+    report = records.read(built / "quantization_report.json", "quantization")
+    assert (report["format"]["quant_method"], report["format"]["group_size"], report["head"]["stored"]) == \
+        ("gguf", 32, "q8_0")
+    assert report["algorithm"]["signed"] is True and any(t["negative_scales"] > 0 for t in report["tensors"].values())
+    check = records.read(built / "gguf_check.json", "gguf_check")
+    assert check["passed"] and check["file"]["tensor_types"]["Q4_0"] == len(report["tensors"])
+    assert check["file"]["sha256"] == hashlib.sha256((built / check["file"]["name"]).read_bytes()).hexdigest()
+    verified = records.read(dest / "build/verify/q4_0-gguf.json", "patch_verify")
+    assert verified["passed"] and verified["engine"] == "llama.cpp" and verified["patches"] == {}
+    # against the file read back, llama.cpp agrees as it did with the weights it was written from
+    agreement = "teacher_forced_top1_agreement"
+    assert verified["check"]["against"]["reference"][agreement] == pytest.approx(
+        check["against"]["reference"][agreement], abs=0.005)
+    assert verified["check"]["swapped_nibbles"]["failed"] is True
 
 
 def test_manifest_show_prints_every_target(pipeline):

@@ -1,6 +1,7 @@
 """The quantizer's parts on small tensors: the GPTQ v1 layout, GPTQ with its scale
 search, the Hessian, calibration sets, settings and up-front refusals."""
 
+import dataclasses
 import shutil
 
 import pytest
@@ -140,6 +141,18 @@ def test_quantized_layer_is_on_the_grid_with_exact_scales_and_recorded_ratios():
     assert q.ratios.min() >= 0.80 and q.ratios.max() <= 1.10
     assert (q.ratios != 1.0).any()  # the search moved some scales
     GptqV1Int4.pack(q.codes, q.scales)  # packs without loss
+
+
+def test_the_signed_search_puts_code_minus_8_on_either_side_and_lowers_the_output_error():
+    w, x, h = _correlated_layer()
+    signed = quantize_layer(w, h, 32, SEARCHES[True]["output-error"])
+    unsigned = quantize_layer(w, h, 32, dataclasses.replace(SEARCHES[True]["output-error"], signed=False))
+    assert (signed.scales < 0).any() and (signed.scales > 0).any()
+    assert (unsigned.scales > 0).all()
+    assert signed.ratios.min() >= 0.80 and signed.ratios.max() <= 1.10  # a ratio is the scale's magnitude
+    assert _output_error(w, signed.dequantize(), x) < _output_error(w, unsigned.dequantize(), x)
+    layer = GptqV1Int4.pack(signed.codes, signed.scales)  # fp16 keeps the sign: packs without loss
+    assert torch.equal(layer.dequantize(), signed.dequantize())
 
 
 def test_search_names_in_settings_match_the_algorithms():

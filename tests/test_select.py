@@ -172,8 +172,12 @@ def test_every_registry_path_is_consistent():
     for name, spec in weight_paths.PATHS.items():
         assert spec.name == name
         if spec.built_by is weight_paths.Stage.QUANTIZE:
-            assert spec.kernel is not None and spec.kernel.op.count("::") == 1
-            assert spec.engine is weight_paths.Engine.VLLM and spec.group_rule is not None
+            assert spec.group_rule is not None and spec.verifiable_by_patch_verify
+            if spec.engine is weight_paths.Engine.VLLM:
+                assert spec.kernel is not None and spec.kernel.op.count("::") == 1
+            else:  # a GGUF for llama.cpp: no vLLM kernel
+                assert spec.engine is weight_paths.Engine.LLAMA_CPP and spec.kernel is None
+                assert spec.checkpoint_format == "gguf" and spec.group_rule.group_sizes == (32,)
         if spec.fallback is not None:
             assert weight_paths.get(spec.fallback).built_by is spec.built_by
     assert weight_paths.get("w4a8-amx").kernel.op == "_C::int4_scaled_mm_cpu"

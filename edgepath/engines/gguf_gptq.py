@@ -21,14 +21,15 @@ Lifecycle of ``write(quantized_hf, out, embedding_type)``:
    - norms and other vectors: F32, as llama.cpp keeps them.
 4. The GGUF is written beside ``out`` and renamed onto it when complete.
 
-``agreement`` is the path's check against the real engine: llama.cpp's teacher-
-forced top-1 predictions on the file against PyTorch's on the reference model
-(``reference_model``: the GPTQ weights and the embedding as the policy rounds it),
-on the same token ids.
+``check`` is the path's check against the real engine: llama.cpp loads the file,
+and its teacher-forced top-1 predictions (``agreement``) agree with PyTorch's on
+the reference model (``reference_model``: the GPTQ weights and the embedding as the
+policy rounds it), on the same token ids.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
@@ -38,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import EdgepathError
-from ..gptq.gguf_q4_0_format import GgufQ4_0
+from ..gptq.gguf_q4_0_format import BLOCK_BYTES, GgufQ4_0
 from .llama_cpp import convert_to_gguf, converter_dir
 
 # The agreement ``agreement`` must reach: llama.cpp rounds activations to 8 bits in its
@@ -46,8 +47,15 @@ from .llama_cpp import convert_to_gguf, converter_dir
 # group 32, Q8_0 embedding, SmolLM2-135M, 2 x 128 held-out tokens per genre, llama-cpp-
 # python 0.3.36 on a Zen 4 host); a file with its nibbles swapped scores far below.
 AGREEMENT_PASS = 0.90
+FILE_NAME = "model.gguf"
 EMBEDDING = "token_embd.weight"
 EMBEDDING_TYPES = ("Q8_0", "F16", "F32")
+EMBEDDING_TYPE = "Q8_0"
+"""The quantize stage's choice for the embedding table and tied head: llama.cpp's own
+for Q4_0 files on rows not a multiple of 256 (its Q6_K choice falls back to Q8_0)."""
+READ_BACK_IS = "the file's own tensors, dequantized by gguf-py, in PyTorch fp32 (gguf_gptq.read_back)"
+REFERENCE_IS = ("the GPTQ weights the file holds, dequantized, in PyTorch fp32, with the embedding and tied "
+                f"head rounded as the file stores them ({EMBEDDING_TYPE})")
 _DECODER_MATRIX = re.compile(r"blk\.\d+\.(attn_(q|k|v|output)|ffn_(gate|up|down))\.weight")
 
 
@@ -104,7 +112,7 @@ def save_dequantized(model, source_hf: str | os.PathLike, out: str | os.PathLike
     return out
 
 
-def write(quantized_hf: str | os.PathLike, out: str | os.PathLike, embedding_type: str = "Q8_0") -> dict[str, Any]:
+def write(quantized_hf: str | os.PathLike, out: str | os.PathLike, embedding_type: str = EMBEDDING_TYPE) -> dict[str, Any]:
     """Write the GGUF (module docstring) to ``out``; returns ``{type: tensor count}``."""
     import numpy as np
 
@@ -162,19 +170,125 @@ def reference_model(model, embedding_type: str):
     return model
 
 
-def agreement(gguf: str | os.PathLike, reference, windows, threads: int) -> float:
-    """Share of positions where llama.cpp's top-1 on ``gguf`` equals PyTorch's on
-    ``reference``, teacher-forced over ``windows`` (a [W, T] tensor of token ids)."""
+def read_back(gguf: str | os.PathLike, model_dir: str | os.PathLike):
+    """The model of ``model_dir`` (PyTorch, fp32) with every tensor replaced by the
+    GGUF's, dequantized by gguf-py, the query and key rows put back in Hugging Face's
+    order: the weights the file holds, as the reference the patch-verify stage runs
+    llama.cpp against. Llama-architecture files only (their converter's permutation
+    is undone here); a tensor of the model the file lacks is refused."""
+    import numpy as np
     import torch
+    from transformers import AutoModelForCausalLM
 
+    gguf_py = gguf_module()
+    reader = gguf_py.GGUFReader(gguf)
+    arch = reader.fields[gguf_py.Keys.General.ARCHITECTURE].contents()
+    if arch != "llama":
+        raise EdgepathError(f"{gguf}: a {arch} GGUF; reading one back knows the llama architecture only")
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True).eval()
+    config = model.config
+    names = gguf_py.get_tensor_name_map(gguf_py.MODEL_ARCH.LLAMA, config.num_hidden_layers)
+    stored = {t.name: t for t in reader.tensors}
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
+            tensor = stored.get(gguf_name) if gguf_name else None
+            if tensor is None:
+                raise EdgepathError(f"{gguf}: no tensor for {name} (expected {gguf_name})")
+            kind = tensor.tensor_type
+            values = (np.asarray(tensor.data, dtype=np.float32) if kind.name in ("F32", "F16")
+                      else gguf_py.quants.dequantize(tensor.data, kind))
+            values = values.reshape(param.shape)
+            heads = {"q_proj": config.num_attention_heads, "k_proj": config.num_key_value_heads}
+            head_count = next((n for proj, n in heads.items() if f".{proj}." in name), None)
+            if head_count:  # the converter's rotary permutation: [heads, 2, d/2] -> [heads, d/2, 2]
+                values = values.reshape(head_count, values.shape[0] // head_count // 2, 2, -1) \
+                    .swapaxes(1, 2).reshape(param.shape)
+            param.copy_(torch.tensor(values))
+    return model
+
+
+def swap_nibbles(gguf: str | os.PathLike, out: str | os.PathLike) -> Path:
+    """A copy of ``gguf`` at ``out`` with the two nibbles of every Q4_0 byte swapped: the
+    packing mistake (``c[j]`` and ``c[j + 16]`` exchanged) a check must catch."""
+    import shutil
+
+    out = Path(shutil.copy(gguf, out))
+    gguf_py = gguf_module()
+    reader = gguf_py.GGUFReader(out, "r+")
+    for tensor in reader.tensors:
+        if tensor.tensor_type == gguf_py.GGMLQuantizationType.Q4_0:
+            qs = tensor.data.reshape(-1, BLOCK_BYTES)[:, 2:]
+            qs[:] = (qs >> 4) | (qs << 4)
+    reader.data.flush()
+    del reader
+    return out
+
+
+def agreement(gguf: str | os.PathLike, reference, sequences: dict[str, list[list[int]]],
+              threads: int) -> tuple[float, dict[str, float]]:
+    """(over every position, per genre) the share of positions where llama.cpp's top-1
+    on ``gguf`` equals PyTorch's on ``reference``, teacher-forced over ``sequences``
+    (genre -> windows of token ids, each genre's of one length)."""
+    with _loaded(gguf, sequences, threads) as engine:
+        return _agreement(engine, reference, sequences)
+
+
+@contextlib.contextmanager
+def _loaded(gguf: str | os.PathLike, sequences: dict[str, list[list[int]]], threads: int):
     from .llama_cpp import LlamaCpp
 
-    engine = LlamaCpp(gguf, threads=threads, n_ctx=max(64, windows.shape[1]))
+    engine = LlamaCpp(gguf, threads=threads, n_ctx=max(64, max(len(w) for ws in sequences.values() for w in ws)))
     try:
-        engine_top1 = engine.score(windows.tolist())["top1"]
+        yield engine
     finally:
         engine.close()
-    with torch.no_grad():
-        torch_top1 = reference(windows).logits[:, :-1].argmax(dim=-1)
-    same = sum(int((torch_top1[i] == torch.tensor(row)).sum()) for i, row in enumerate(engine_top1))
-    return same / torch_top1.numel()
+
+
+def _agreement(engine, reference, sequences: dict[str, list[list[int]]]) -> tuple[float, dict[str, float]]:
+    import torch
+
+    engine_top1 = iter(engine.score([w for ws in sequences.values() for w in ws])["top1"])
+    same, total, by_genre = 0, 0, {}
+    for genre, ws in sequences.items():
+        with torch.no_grad():
+            torch_top1 = reference(torch.tensor(ws)).logits[:, :-1].argmax(dim=-1)
+        hits = sum(int((row == torch.tensor(next(engine_top1))).sum()) for row in torch_top1)
+        by_genre[genre] = hits / torch_top1.numel()
+        same, total = same + hits, total + torch_top1.numel()
+    return same / total, by_genre
+
+
+def check(gguf: str | os.PathLike, reference, reference_is: str, sequences: dict[str, list[list[int]]],
+          threads: int) -> dict[str, Any]:
+    """The GGUF check record (``gguf_check.schema.json``): the file as llama.cpp loads it
+    (size, sha256, bits per weight as llama.cpp counts them, tensor types) and its
+    ``agreement`` with ``reference`` (described by ``reference_is``), passed at
+    ``AGREEMENT_PASS``."""
+    import importlib.metadata
+
+    from .. import records
+    from ..hf_model import sha256_file
+
+    gguf = Path(gguf)
+    with _loaded(gguf, sequences, threads) as engine:
+        info = engine.info()
+        overall, by_genre = _agreement(engine, reference, sequences)
+    types: dict[str, int] = {}
+    for tensor in gguf_module().GGUFReader(gguf).tensors:
+        types[tensor.tensor_type.name] = types.get(tensor.tensor_type.name, 0) + 1
+    return {
+        **records.envelope("gguf_check"),
+        "engine": f"llama-cpp-python {importlib.metadata.version('llama-cpp-python')}",
+        "file": {"name": gguf.name, "size": gguf.stat().st_size, "sha256": sha256_file(gguf),
+                 "bits_per_weight": info["bits_per_weight"], "parameters": info["parameters"],
+                 "tensor_types": dict(sorted(types.items())), "desc": info["desc"]},
+        "reference": reference_is,
+        "held_out": {"windows_per_genre": {g: len(ws) for g, ws in sequences.items()},
+                     "length": max(len(w) for ws in sequences.values() for w in ws)},
+        "teacher_forced_positions": sum(len(w) - 1 for ws in sequences.values() for w in ws),
+        "against": {"reference": {"teacher_forced_top1_agreement": round(overall, 4),
+                                  "teacher_forced_top1_by_genre": {g: round(a, 4) for g, a in by_genre.items()}}},
+        "threshold": {"teacher_forced_top1_vs_reference": AGREEMENT_PASS},
+        "passed": overall >= AGREEMENT_PASS,
+    }

@@ -14,8 +14,8 @@ Lifecycle, per linear layer ``W [N out, K in]``:
    *error-updated* weights by the layer's ``Grid``:
 
    - ``ScaleSearch`` (symmetric, the GPTQ checkpoint of ``w4a8-amx``): per output
-     channel, candidate scales ``f * absmax / 7.5`` are tried and the least error
-     kept.
+     channel, candidate scales ``f * absmax / 7.5`` are tried, each also negated
+     (``signed``), and the least error kept.
    - ``MinMaxGrid`` (asymmetric, the cpu_int4 checkpoint of ``w4a16-tinygemm``):
      candidate ranges ``f * (max - min)`` about the group's midpoint, ``scale =
      range / 15`` and an offset that puts codes 0 and 15 on the range's ends;
@@ -88,21 +88,30 @@ class ScaleSearch:
     name: str
     objective: str
     ratios: tuple[float, ...]
+    signed: bool = False
+    """Also try each scale negated. The grid's codes -8..7 reach one step further below
+    zero than above; a negative scale turns that side toward the group's positive
+    extreme, so whichever side holds the largest magnitude can sit on code -8 (as
+    llama.cpp's Q4_0 quantizer places it). Doubles the candidates."""
 
     def __post_init__(self) -> None:
         assert self.objective in OBJECTIVES, self.objective
         assert self.ratios and all(r > 0 for r in self.ratios), self.ratios
+        assert not self.signed or self.objective != "none", "a sign is chosen by an objective"
 
     symmetric = True
 
     def choose(self, w: torch.Tensor, h_gg: torch.Tensor) -> tuple[torch.Tensor, None, torch.Tensor]:
         """(scales ``[N]``, no offsets, chosen ratios ``[N]``) for the group ``w [N, g]``
-        (fp32), ``h_gg [g, g]``."""
+        (fp32), ``h_gg [g, g]``. A ratio is the scale's magnitude over ``absmax / 7.5``;
+        the scale carries the sign."""
         absmax = w.abs().amax(dim=1)
         ratios = torch.tensor(self.ratios, dtype=torch.float32).view(-1, 1)
         candidates = representable_scales(ratios * absmax.unsqueeze(0) / 7.5)  # [R, N]
-        if len(self.ratios) == 1:
+        if len(self.ratios) == 1 and not self.signed:
             return candidates[0], None, ratios[0].expand(w.shape[0])
+        if self.signed:
+            candidates, ratios = torch.cat([candidates, -candidates]), ratios.repeat(2, 1)
         best = _least_error(w, h_gg, self.objective, candidates)
         return candidates.gather(0, best.unsqueeze(0)).squeeze(0), None, ratios.view(-1)[best]
 
@@ -123,6 +132,7 @@ class MinMaxGrid:
         assert self.ratios and all(0 < r <= 1 for r in self.ratios), self.ratios
 
     symmetric = False
+    signed = False  # the offset places the range; scales stay positive
 
     def choose(self, w: torch.Tensor, h_gg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         lo, hi = w.amin(dim=1), w.amax(dim=1)
@@ -149,7 +159,8 @@ SEARCHES = {
     True: {
         "none": ScaleSearch("none", "none", (1.0,)),
         "weight-mse": ScaleSearch("weight-mse", "weight", _ratios(0.80, 1.00)),
-        "output-error": ScaleSearch("output-error", "output", _ratios(0.80, 1.10)),
+        # signed: 10.80 -> 9.60 % mean held-out perplexity increase (benchmarks/results/calibration.md)
+        "output-error": ScaleSearch("output-error", "output", _ratios(0.80, 1.10), signed=True),
     },
     False: {
         "none": MinMaxGrid(),
