@@ -36,7 +36,8 @@ def test_every_arm_was_measured_interleaved_with_its_spread(bench):
     # the GGUF build runs in llama.cpp on any CPU, counted as llama.cpp counts its controls
     gguf = arms["q4_0-gguf"]
     assert (gguf["role"], gguf["engine"], record["paths"]["q4_0-gguf"]["state"]) == ("build", "llama.cpp", "measured")
-    assert gguf["bits_per_weight"] < arms["llama.cpp Q4_0"]["bits_per_weight"] < arms["llama.cpp Q4_K_M"]["bits_per_weight"]
+    # Q4_0 blocks and a Q8_0 embedding, as llama.cpp's own Q4_0 file holds: the same size
+    assert gguf["bits_per_weight"] == arms["llama.cpp Q4_0"]["bits_per_weight"] < arms["llama.cpp Q4_K_M"]["bits_per_weight"]
     assert gguf["ratios"]["llama_q4_k_m"]["increase_ratio"] is not None
     assert record["settings"]["passes"] == 3 and record["settings"]["threads"] >= 1
     assert 0 <= record["load"]["other_cpu_share"]["max"] <= 1
