@@ -276,7 +276,8 @@ def _publish_checkpoint(spec: WeightPathSpec, settings: Settings, model_dir: Pat
         _copy_side_files(model_dir, scratch, info["tokenizer_files"])
         (scratch / REPORT_NAME).write_text(records.dumps(report))
         checked = engine_check.check(scratch, model_dir, check_sequences, w4a8=spec.w4a8)
-        records.write(scratch / engine_check.CHECK_NAME, "engine_check", {**records.envelope("engine_check"), **checked})
+        records.write(scratch / engine_check.CHECK_NAME, "engine_check",
+                      {**records.envelope("engine_check"), **checked})
         if not checked["passed"] and checked["not_run"] is None:
             raise EdgepathError(_failed(checked))
 

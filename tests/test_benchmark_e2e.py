@@ -37,7 +37,8 @@ def test_every_arm_was_measured_interleaved_with_its_spread(bench):
     gguf = arms["q4_0-gguf"]
     assert (gguf["role"], gguf["engine"], record["paths"]["q4_0-gguf"]["state"]) == ("build", "llama.cpp", "measured")
     # Q4_0 blocks and a Q8_0 embedding, as llama.cpp's own Q4_0 file holds: the same size
-    assert gguf["bits_per_weight"] == arms["llama.cpp Q4_0"]["bits_per_weight"] < arms["llama.cpp Q4_K_M"]["bits_per_weight"]
+    bits = {name: arms[name]["bits_per_weight"] for name in ("q4_0-gguf", "llama.cpp Q4_0", "llama.cpp Q4_K_M")}
+    assert bits["q4_0-gguf"] == bits["llama.cpp Q4_0"] < bits["llama.cpp Q4_K_M"]
     assert gguf["ratios"]["llama_q4_k_m"]["increase_ratio"] is not None
     assert record["settings"]["passes"] == 3 and record["settings"]["threads"] >= 1
     assert 0 <= record["load"]["other_cpu_share"]["max"] <= 1

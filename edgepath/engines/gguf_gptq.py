@@ -112,7 +112,8 @@ def save_dequantized(model, source_hf: str | os.PathLike, out: str | os.PathLike
     return out
 
 
-def write(quantized_hf: str | os.PathLike, out: str | os.PathLike, embedding_type: str = EMBEDDING_TYPE) -> dict[str, Any]:
+def write(quantized_hf: str | os.PathLike, out: str | os.PathLike,
+          embedding_type: str = EMBEDDING_TYPE) -> dict[str, Any]:
     """Write the GGUF (module docstring) to ``out``; returns ``{type: tensor count}``."""
     import numpy as np
 
