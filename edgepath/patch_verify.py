@@ -26,6 +26,10 @@ engine settings (its ``weight_paths`` record):
    every quantized layer, agreement with the dequantized weights at the
    engine check's threshold, and a warm start that loaded from the cache.
 
+A llama.cpp path (``q4_0-gguf``) has no patches and compiles nothing: its
+patch-verify is the file's own check (``_run_gguf``): llama.cpp against the GGUF's
+tensors read back in PyTorch, and a copy with its nibbles swapped, which must fail.
+
 Which targets the record verifies is the manifest's decision
 (``coverage.stands_for``): those whose CPU has this host's kernel ISA tier
 (``kernel_isa``), since that is what selects the kernels that ran.
@@ -273,8 +277,10 @@ COMMAND = Command("patch-verify", "prove a path's artifact runs patched in real 
     not applicable / off with its evidence: the kernel each quantized layer ran,
     both start times and whether the warm one loaded the compiled graph, and the
     engine's output against the checkpoint's dequantized weights and bf16.
-    Where this host cannot run the path, the record says why. Exit status 2 when
-    a path that ran fails.
+    Where this host cannot run the path, the record says why. A GGUF path
+    (q4_0-gguf) runs in llama.cpp instead: its teacher-forced top-1 against the
+    file's own weights read back in PyTorch, and a nibble-swapped copy that must
+    fail. Exit status 2 when a path that ran fails.
 
     example:  edgepath patch-verify --path w4a16-tinygemm --out build/verify/w4a16-tinygemm.json""",
                   _arguments, _cmd)
