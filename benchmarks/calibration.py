@@ -95,18 +95,20 @@ def _perplexities(model, held_out) -> dict[str, float]:
 
 
 def _scored_by_llama_cpp(path: Path, held_out, threads: int) -> dict:
-    """Perplexity per genre of the GGUF at ``path`` in llama.cpp, and its bits per weight
-    as llama.cpp counts them."""
+    """Perplexity per genre of the GGUF at ``path`` in llama.cpp, its bits per weight as
+    llama.cpp counts them, and its top-1 predictions (one list per window, genre after genre)."""
     import math
 
     from edgepath.engines.llama_cpp import LlamaCpp
 
     engine = LlamaCpp(path, threads=threads, n_ctx=1024)
-    perplexity = {}
+    perplexity, top1 = {}, []
     for genre, windows in held_out.items():
-        nll = [x for seq in engine.score(windows.tolist())["nll"] for x in seq]
+        scored = engine.score(windows.tolist())
+        nll = [x for seq in scored["nll"] for x in seq]
         perplexity[genre] = math.exp(sum(nll) / len(nll))
-    arm = {"perplexity": perplexity, "bits_per_weight": engine.info()["bits_per_weight"]}
+        top1 += scored["top1"]
+    arm = {"perplexity": perplexity, "bits_per_weight": engine.info()["bits_per_weight"], "top1": top1}
     engine.close()
     return arm
 
@@ -140,7 +142,7 @@ def _as_gguf(model, hf: Path, held_out, work: Path, threads: int) -> dict:
     gguf_gptq.write(gguf_gptq.save_dequantized(model, hf, work / "gptq-hf"), path)
     arm = _scored_by_llama_cpp(path, held_out, threads)
     reference = gguf_gptq.reference_model(model, gguf_gptq.EMBEDDING_TYPE)
-    overall, _ = gguf_gptq.agreement(path, reference, {g: w.tolist() for g, w in held_out.items()}, threads)
+    overall, _ = gguf_gptq.top1_agreement(arm.pop("top1"), reference, {g: w.tolist() for g, w in held_out.items()})
     arm["top1_vs_pytorch"] = round(overall, 4)
     return arm
 

@@ -59,10 +59,10 @@ from typing import Any
 
 from . import records, weight_paths
 from .command import Command
-from .fidelity import headline, increase_percent
 from .engines.worker import EngineProcess
 from .engines.worker import command as worker_command
 from .errors import EdgepathError
+from .fidelity import headline, increase_percent
 from .fleet import Calibration
 from .profile import HardwareProfile
 

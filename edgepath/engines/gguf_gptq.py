@@ -231,8 +231,10 @@ def agreement(gguf: str | os.PathLike, reference, sequences: dict[str, list[list
     """(over every position, per genre) the share of positions where llama.cpp's top-1
     on ``gguf`` equals PyTorch's on ``reference``, teacher-forced over ``sequences``
     (genre -> windows of token ids, each genre's of one length)."""
+    from ..engine_check import all_windows
+
     with _loaded(gguf, sequences, threads) as engine:
-        return _agreement(engine, reference, sequences)
+        return top1_agreement(engine.score(all_windows(sequences))["top1"], reference, sequences)
 
 
 @contextlib.contextmanager
@@ -246,18 +248,18 @@ def _loaded(gguf: str | os.PathLike, sequences: dict[str, list[list[int]]], thre
         engine.close()
 
 
-def _agreement(engine, reference, sequences: dict[str, list[list[int]]]) -> tuple[float, dict[str, float]]:
+def top1_agreement(engine_top1: list[list[int]], reference,
+                   sequences: dict[str, list[list[int]]]) -> tuple[float, dict[str, float]]:
+    """``agreement``'s figures from llama.cpp's top-1 already scored (one list per window
+    of ``engine_check.all_windows(sequences)``, in that order) against ``reference``'s."""
     import torch
 
-    engine_top1 = iter(engine.score([w for ws in sequences.values() for w in ws])["top1"])
-    same, total, by_genre = 0, 0, {}
-    for genre, ws in sequences.items():
-        with torch.no_grad():
-            torch_top1 = reference(torch.tensor(ws)).logits[:, :-1].argmax(dim=-1)
-        hits = sum(int((row == torch.tensor(next(engine_top1))).sum()) for row in torch_top1)
-        by_genre[genre] = hits / torch_top1.numel()
-        same, total = same + hits, total + torch_top1.numel()
-    return same / total, by_genre
+    from ..engine_check import agreement as share_agreeing, agreement_by_genre
+
+    with torch.no_grad():
+        torch_top1 = [row for ws in sequences.values()
+                      for row in reference(torch.tensor(ws)).logits[:, :-1].argmax(dim=-1).tolist()]
+    return share_agreeing(engine_top1, torch_top1), agreement_by_genre(engine_top1, torch_top1, sequences)
 
 
 def check(gguf: str | os.PathLike, reference, reference_is: str, sequences: dict[str, list[list[int]]],
@@ -271,10 +273,12 @@ def check(gguf: str | os.PathLike, reference, reference_is: str, sequences: dict
     from .. import records
     from ..hf_model import sha256_file
 
+    from ..engine_check import all_windows
+
     gguf = Path(gguf)
     with _loaded(gguf, sequences, threads) as engine:
         info = engine.info()
-        overall, by_genre = _agreement(engine, reference, sequences)
+        overall, by_genre = top1_agreement(engine.score(all_windows(sequences))["top1"], reference, sequences)
     types: dict[str, int] = {}
     for tensor in gguf_module().GGUFReader(gguf).tensors:
         types[tensor.tensor_type.name] = types.get(tensor.tensor_type.name, 0) + 1
@@ -289,7 +293,7 @@ def check(gguf: str | os.PathLike, reference, reference_is: str, sequences: dict
                      "length": max(len(w) for ws in sequences.values() for w in ws)},
         "teacher_forced_positions": sum(len(w) - 1 for ws in sequences.values() for w in ws),
         "against": {"reference": {"teacher_forced_top1_agreement": round(overall, 4),
-                                  "teacher_forced_top1_by_genre": {g: round(a, 4) for g, a in by_genre.items()}}},
+                                  "teacher_forced_top1_by_genre": by_genre}},
         "threshold": {"teacher_forced_top1_vs_reference": AGREEMENT_PASS},
         "passed": overall >= AGREEMENT_PASS,
     }
