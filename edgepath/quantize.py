@@ -206,15 +206,17 @@ def run(model_dir: str | Path, path: str, out: str | Path, settings: Settings = 
         original["lm_head.weight"] = model.get_output_embeddings().weight.detach().clone()
     ppl_reference = _perplexities(model, held_out, "reference", started)
     grid = search_grid(spec.grid is Grid.SYMMETRIC, settings.search)
-    gptq_started = time.monotonic()
-    quantized = quantize_model(model, calib.tokens, group, grid, settings.damp,
-                               settings.group_order, quantize_head=settings.head == "int4")
-    gptq_time = time.monotonic() - gptq_started
     gguf = spec.engine is Engine.LLAMA_CPP
-    if gguf:  # the tied embedding and head as the file stores them, so the report scores the file's weights
+    kept: list[str] = []
+    if gguf:  # what the file stores above 4 bits, rounded first, so GPTQ and the report see the file's weights
         from .engines import gguf_gptq
 
-        gguf_gptq.reference_model(model, gguf_gptq.EMBEDDING_TYPE)
+        gguf_gptq.DEFAULT_POLICY.round_to_stored(model)
+        kept = gguf_gptq.DEFAULT_POLICY.kept_from_gptq(model.config.num_hidden_layers)
+    gptq_started = time.monotonic()
+    quantized = quantize_model(model, calib.tokens, group, grid, settings.damp,
+                               settings.group_order, quantize_head=settings.head == "int4", keep=kept)
+    gptq_time = time.monotonic() - gptq_started
     ppl_quantized = _perplexities(model, held_out, "quantized", started, ppl_reference)
 
     report = {
@@ -236,7 +238,15 @@ def run(model_dir: str | Path, path: str, out: str | Path, settings: Settings = 
         "wall_time_s": round(time.monotonic() - started, 1),
     }
     if gguf:
-        _publish_gguf(model, model_dir, out, report, spec.bits_per_weight(group), check_sequences)
+        policy = gguf_gptq.DEFAULT_POLICY
+        report["tensor_policy"] = {"embedding": policy.embedding, "q8_0": list(policy.q8_0),
+                                   "q8_0_layers": policy.q8_0_layers, "q8_0_tensors": kept,
+                                   "reason": gguf_gptq.DEFAULT_POLICY_REASON}
+        q4_0 = sum(q.codes.numel() for q in quantized.values())
+        q8_0 = sum(model.get_submodule(p).weight.numel() for p in kept)
+        report["bits_per_weight"] = round((q4_0 * spec.bits_per_weight(group) + q8_0 * gguf_gptq.Q8_0_BITS)
+                                          / (q4_0 + q8_0), 4)
+        _publish_gguf(model, model_dir, out, report, check_sequences)
     else:
         del model
         _publish_checkpoint(spec, settings, model_dir, info, out, report, quantized, group, check_sequences)
@@ -282,7 +292,7 @@ def _publish_checkpoint(spec: WeightPathSpec, settings: Settings, model_dir: Pat
             raise EdgepathError(_failed(checked))
 
 
-def _publish_gguf(model, model_dir: Path, out: Path, report: dict[str, Any], bits_per_weight: float,
+def _publish_gguf(model, model_dir: Path, out: Path, report: dict[str, Any],
                   check_sequences: dict[str, list[list[int]]]) -> None:
     """Step 4 and 5 for a llama.cpp path: the GGUF of GPTQ's blocks
     (``engines.gguf_gptq.write``), checked in llama.cpp against ``model`` (the same
@@ -292,7 +302,6 @@ def _publish_gguf(model, model_dir: Path, out: Path, report: dict[str, Any], bit
 
     from .engines import gguf_gptq
 
-    report["bits_per_weight"] = bits_per_weight  # every quantized weight is in a Q4_0 block: 4 bits + an fp16 per 32
     records.validate("quantization", report, where=str(out / REPORT_NAME))
     with records.output_directory(out, "quantization", sources=[model_dir]) as scratch:
         with tempfile.TemporaryDirectory(dir=scratch, prefix=".hf-") as hf:

@@ -2,9 +2,10 @@
 
 The default model's decoder linears are put on the symmetric grid at group 32 by
 rounding to nearest (GPTQ chooses other codes on the same grid; what is under test
-here is the file and llama.cpp's reading of it, not GPTQ), written through the
-converter and the Q4_0 packer, and scored by llama.cpp against PyTorch on the same
-weights. A copy with each block's nibbles swapped must fail that check.
+here is the file and llama.cpp's reading of it, not GPTQ), but for those the default
+tensor policy stores as Q8_0, written through the converter and the Q4_0 packer, and
+scored by llama.cpp against PyTorch on the same weights. A copy with each block's
+nibbles swapped must fail that check.
 """
 
 
@@ -37,26 +38,53 @@ def on_grid(default_model, tmp_path_factory):
     hf = default_model / "hf"
     work = tmp_path_factory.mktemp("gguf-gptq")
     model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
+    policy = gguf_gptq.DEFAULT_POLICY
+    policy.round_to_stored(model)
+    kept = set(policy.kept_from_gptq(model.config.num_hidden_layers))
     with torch.no_grad():
-        for layer in model.model.layers:
-            for linear in layer.modules():
-                if isinstance(linear, torch.nn.Linear):
-                    linear.weight.copy_(_on_grid(linear.weight))
+        for name, linear in model.model.layers.named_modules(prefix="model.layers"):
+            if isinstance(linear, torch.nn.Linear) and name not in kept:
+                linear.weight.copy_(_on_grid(linear.weight))
     counts = gguf_gptq.write(gguf_gptq.save_dequantized(model, hf, work / "hf"), work / "model.gguf")
     tokenizer = AutoTokenizer.from_pretrained(hf)
     windows = calibration.held_out_genres(tokenizer, calibration.load_corpus("mix", []), 1, 96)
-    return (gguf_gptq.reference_model(model, "Q8_0"), work / "model.gguf", counts,
-            {genre: w.tolist() for genre, w in windows.items()})
+    return model, work / "model.gguf", counts, {genre: w.tolist() for genre, w in windows.items()}
 
 
-def test_every_decoder_matrix_is_q4_0_and_the_tied_embedding_q8_0(on_grid):
-    _, path, counts, _ = on_grid
+def test_the_policy_types_every_tensor_and_refuses_what_it_does_not_know():
+    policy = gguf_gptq.TensorPolicy(q8_0=("attn_v", "ffn_down"), q8_0_layers="more-bits")
+    assert policy.type_of("blk.0.attn_v.weight", (192, 576), 30) == "Q8_0"
+    assert policy.type_of("blk.3.attn_v.weight", (192, 576), 30) == "Q4_0"  # not one of llama.cpp's more-bits
+    assert policy.type_of("blk.0.attn_q.weight", (576, 576), 30) == "Q4_0"
+    assert policy.type_of("token_embd.weight", (49152, 576), 30) == "Q8_0"
+    assert policy.type_of("blk.0.attn_norm.weight", (576,), 30) == "F32"
+    with pytest.raises(EdgepathError, match=r"output\.weight .*no type policy"):
+        policy.type_of("output.weight", (49152, 576), 30)
+    assert policy.kept_from_gptq(8) == ["model.layers.0.self_attn.v_proj", "model.layers.0.mlp.down_proj",
+                                        "model.layers.3.self_attn.v_proj", "model.layers.3.mlp.down_proj",
+                                        "model.layers.6.self_attn.v_proj", "model.layers.6.mlp.down_proj",
+                                        "model.layers.7.self_attn.v_proj", "model.layers.7.mlp.down_proj"]
+    everywhere = gguf_gptq.TensorPolicy(q8_0=("attn_k",), q8_0_layers="all")
+    assert len(everywhere.kept_from_gptq(30)) == 30
+    for wrong in ({"q8_0": ("attn_z",)}, {"q8_0_layers": "some"}, {"embedding": "Q4_0"}):
+        with pytest.raises(EdgepathError):
+            gguf_gptq.TensorPolicy(**wrong)
+
+
+def test_decoder_matrices_are_q4_0_but_the_policy_s_q8_0_and_the_tied_embedding_q8_0(on_grid):
+    model, path, counts, _ = on_grid
+    kept = gguf_gptq.DEFAULT_POLICY.kept_from_gptq(model.config.num_hidden_layers)
+    assert kept, "the default policy keeps some matrices at Q8_0"
     # 30 layers x 7 linears; 2 norms per layer and the final one
-    assert counts == {"Q4_0": 210, "Q8_0": 1, "F32": 61}
+    assert counts == {"Q4_0": 210 - len(kept), "Q8_0": 1 + len(kept), "F32": 61}
     gguf = gguf_gptq.gguf_module()
     reader = gguf.GGUFReader(path)
     types = {t.name: t.tensor_type.name for t in reader.tensors}
-    assert types["blk.0.ffn_down.weight"] == "Q4_0" and types["token_embd.weight"] == "Q8_0"
+    assert types["token_embd.weight"] == "Q8_0"
+    for layer in range(model.config.num_hidden_layers):
+        for matrix, module in gguf_gptq.MATRICES.items():
+            stored = "Q8_0" if f"model.layers.{layer}.{module}" in kept else "Q4_0"
+            assert types[f"blk.{layer}.{matrix}.weight"] == stored
     assert reader.fields["general.file_type"].contents() == gguf.LlamaFileType.MOSTLY_Q4_0
     # the converter's metadata survives: the tokenizer and chat template llama.cpp needs
     assert "tokenizer.chat_template" in reader.fields and "tokenizer.ggml.tokens" in reader.fields
@@ -75,7 +103,7 @@ def test_llama_cpp_reproduces_pytorch_and_a_swapped_nibble_order_fails(on_grid, 
     check = gguf_gptq.check(path, reference, "the same weights in PyTorch", windows, threads=2)
     records.validate("gguf_check", check)
     assert check["passed"], check["against"]
-    assert check["file"]["tensor_types"] == {"F32": 61, "Q4_0": 210, "Q8_0": 1}
+    assert check["file"]["tensor_types"] == dict(sorted(on_grid[2].items()))
     assert set(check["against"]["reference"]["teacher_forced_top1_by_genre"]) == set(windows)
 
     swapped = gguf_gptq.swap_nibbles(path, tmp_path / "swapped.gguf")

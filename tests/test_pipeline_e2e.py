@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from edgepath import coverage, manifest, probe, records, versions
+from edgepath.engines import gguf_gptq
 from edgepath.select import select_weight_path
 from edgepath.errors import EdgepathError
 
@@ -93,6 +94,17 @@ def test_the_gguf_build_is_checked_in_llama_cpp_and_a_swapped_copy_fails(pipelin
     assert report["algorithm"]["signed"] is True and any(t["negative_scales"] > 0 for t in report["tensors"].values())
     check = records.read(built / "gguf_check.json", "gguf_check")
     assert check["passed"] and check["file"]["tensor_types"]["Q4_0"] == len(report["tensors"])
+    # the policy's matrices are Q8_0 (with the embedding), untouched by GPTQ, and counted in the bits
+    kept = report["tensor_policy"]["q8_0_tensors"]
+    assert kept and not set(kept) & set(report["tensors"]) and check["file"]["tensor_types"]["Q8_0"] == len(kept) + 1
+    assert 4.5 < report["bits_per_weight"] < 8.5
+    # llama.cpp's own Q4_K_M gives attn_v Q6_K (Q8_0 on rows not a multiple of 256) in the layers
+    # gguf_gptq.more_bits_layer names
+    gguf = gguf_gptq.gguf_module()
+    q4_k_m = {t.name: t.tensor_type.name for t in gguf.GGUFReader(dest / "build/control/model-q4_k_m.gguf").tensors}
+    layers = sum(name.endswith(".attn_v.weight") for name in q4_k_m)
+    assert {i for i in range(layers) if q4_k_m[f"blk.{i}.attn_v.weight"] in ("Q6_K", "Q8_0")} == \
+        {i for i in range(layers) if gguf_gptq.more_bits_layer(i, layers)}
     assert check["file"]["sha256"] == hashlib.sha256((built / check["file"]["name"]).read_bytes()).hexdigest()
     verified = records.read(dest / "build/verify/q4_0-gguf.json", "patch_verify")
     assert verified["passed"] and verified["engine"] == "llama.cpp" and verified["patches"] == {}

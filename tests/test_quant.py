@@ -155,6 +155,25 @@ def test_the_signed_search_puts_code_minus_8_on_either_side_and_lowers_the_outpu
     assert torch.equal(layer.dequantize(), signed.dequantize())
 
 
+def test_sequential_gptq_leaves_the_linears_it_is_told_to_keep(default_model, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from edgepath.gptq.sequential import quantize_model
+
+    tiny = write_tiny_llama(tmp_path / "tiny", default_model / "hf")
+    model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    keep = {"model.layers.0.self_attn.k_proj", "model.layers.0.self_attn.v_proj", "model.layers.0.mlp.down_proj"}
+    tokens = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(0))
+    quantized = quantize_model(model, tokens, 32, SEARCHES[True]["output-error"], 0.01, True,
+                               quantize_head=False, keep=keep)
+    linears = {n.removesuffix(".weight") for n in before if n.startswith("model.layers.0.") and "proj" in n}
+    assert set(quantized) == linears - keep
+    for name, param in model.named_parameters():
+        unchanged = torch.equal(param, before[name])
+        assert unchanged == (name.removesuffix(".weight") not in quantized), name
+
+
 def test_search_names_in_settings_match_the_algorithms():
     assert all(set(quantize.SEARCH_NAMES) == set(s) for s in SEARCHES.values())
     # the report records the grid's own name: the record's schema must admit every one

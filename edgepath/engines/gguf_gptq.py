@@ -1,35 +1,39 @@
 """A GGUF whose decoder weights are GPTQ's, in llama.cpp's Q4_0 blocks, and its check.
 
-Lifecycle of ``write(quantized_hf, out, embedding_type)``:
+Lifecycle of ``write(quantized_hf, out, policy)``:
 
 1. ``quantized_hf`` is a Hugging Face directory (``save_dequantized``) whose decoder
    linears hold GPTQ's dequantized weights in fp32, exactly on the symmetric grid at group 32
-   (``gptq.gptq``), and whose other tensors are the model's own.
+   (``gptq.gptq``), but for those the policy stores as Q8_0, and whose other tensors are
+   the model's own.
 2. llama.cpp's own converter writes it as an F32 GGUF: the metadata, tokenizer,
    chat template, tensor names and the row orders llama.cpp wants (it permutes
    the query and key rows for its rotary layout) are the converter's, whatever
    the architecture; F32 carries every value unchanged.
-3. Each tensor gets its type by ``tensor_type``: the per-tensor policy, kept
-   apart from the numeric packing (``gptq.gguf_q4_0_format``).
+3. Each tensor gets its type from ``TensorPolicy.type_of``: the per-tensor policy,
+   kept apart from the numeric packing (``gptq.gguf_q4_0_format``).
    - decoder matrices: Q4_0, recovered block by block from their values
      (``GgufQ4_0.from_values`` refuses a block off the grid, so the file holds
-     GPTQ's codes and scales bit for bit);
-   - the embedding table, which is also the tied output head: ``embedding_type``
-     (Q8_0 by default: what llama.cpp's own Q4_0 keeps it at on rows not a
-     multiple of 256, where its Q6_K choice falls back to Q8_0), quantized by
-     gguf-py's reference quantizer, bit-identical to llama.cpp's;
+     GPTQ's codes and scales bit for bit); those the policy names, Q8_0
+     (``DEFAULT_POLICY``: the attention's key and value projections);
+   - the embedding table, which is also the tied output head: Q8_0 by default,
+     what llama.cpp's own Q4_0 keeps it at on rows not a multiple of 256, where
+     its Q6_K choice falls back to Q8_0;
+   - Q8_0 tensors are quantized by gguf-py's reference quantizer, bit-identical
+     to llama.cpp's;
    - norms and other vectors: F32, as llama.cpp keeps them.
 4. The GGUF is written beside ``out`` and renamed onto it when complete.
 
 ``check`` is the path's check against the real engine: llama.cpp loads the file,
 and its teacher-forced top-1 predictions (``agreement``) agree with PyTorch's on
-the reference model (``reference_model``: the GPTQ weights and the embedding as the
-policy rounds it), on the same token ids.
+the reference model (the GPTQ weights, and the other tensors rounded as the policy
+stores them: ``TensorPolicy.round_to_stored``), on the same token ids.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 import sys
@@ -50,13 +54,104 @@ AGREEMENT_PASS = 0.90
 FILE_NAME = "model.gguf"
 EMBEDDING = "token_embd.weight"
 EMBEDDING_TYPES = ("Q8_0", "F16", "F32")
-EMBEDDING_TYPE = "Q8_0"
-"""The quantize stage's choice for the embedding table and tied head: llama.cpp's own
-for Q4_0 files on rows not a multiple of 256 (its Q6_K choice falls back to Q8_0)."""
+# A Q8_0 block: 32 int8 codes and an fp16 scale, 34 bytes per 32 weights.
+Q8_0_BITS = 8.5
+REFERENCE_IS = ("the GPTQ weights the file holds, dequantized, in PyTorch fp32, with the tensors it stores above "
+                "4 bits rounded as it stores them (the quantization report's tensor_policy)")
 READ_BACK_IS = "the file's own tensors, dequantized by gguf-py, in PyTorch fp32 (gguf_gptq.read_back)"
-REFERENCE_IS = ("the GPTQ weights the file holds, dequantized, in PyTorch fp32, with the embedding and tied "
-                f"head rounded as the file stores them ({EMBEDDING_TYPE})")
-_DECODER_MATRIX = re.compile(r"blk\.\d+\.(attn_(q|k|v|output)|ffn_(gate|up|down))\.weight")
+# A decoder matrix's GGUF name (llama.cpp's, by layer) and its Hugging Face module in the layer.
+MATRICES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+            "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+            "ffn_down": "mlp.down_proj"}
+_DECODER_MATRIX = re.compile(rf"blk\.(\d+)\.({'|'.join(MATRICES)})\.weight")
+
+
+def more_bits_layer(layer: int, layers: int) -> bool:
+    """llama.cpp's ``use_more_bits`` (src/llama-quant.cpp): the first and last eighth of
+    the layers and every third between, where its Q4_K_M gives attn_v and ffn_down 6
+    bits or more (Q8_0 for attn_v on SmolLM2's 576-wide rows: layers 0-2, 5, 8, ..., 23, 26-29)."""
+    return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorPolicy:
+    """Which GGUF type each tensor gets (module docstring, step 3): the per-tensor
+    policy, kept apart from the numeric packing."""
+
+    embedding: str = "Q8_0"
+    """The embedding table and tied head: llama.cpp's own choice for Q4_0 files on rows not
+    a multiple of 256 (its Q6_K falls back to Q8_0)."""
+    q8_0: tuple[str, ...] = ()
+    """Decoder matrices (``MATRICES`` keys) stored as Q8_0 rather than GPTQ's Q4_0, in the
+    layers ``q8_0_layers`` names: GPTQ leaves them alone and they are rounded to Q8_0."""
+    q8_0_layers: str = "more-bits"
+    """``more-bits``: llama.cpp's ``more_bits_layer``s; ``all``: every layer."""
+
+    def __post_init__(self):
+        if self.embedding not in EMBEDDING_TYPES:
+            raise EdgepathError(f"embedding type {self.embedding!r}: one of {', '.join(EMBEDDING_TYPES)}")
+        unknown = set(self.q8_0) - set(MATRICES)
+        if unknown or self.q8_0_layers not in ("more-bits", "all"):
+            raise EdgepathError(f"Q8_0 matrices {sorted(unknown)} in {self.q8_0_layers!r} layers: matrices are "
+                                f"{', '.join(MATRICES)}; layers 'more-bits' or 'all'")
+
+    def _at_q8_0(self, matrix: str, layer: int, layers: int) -> bool:
+        return matrix in self.q8_0 and (self.q8_0_layers == "all" or more_bits_layer(layer, layers))
+
+    def type_of(self, name: str, shape: Sequence[int], layers: int) -> str:
+        """The GGUF type of tensor ``name`` in a file of ``layers`` decoder layers."""
+        if matrix := _DECODER_MATRIX.fullmatch(name):
+            return "Q8_0" if self._at_q8_0(matrix[2], int(matrix[1]), layers) else "Q4_0"
+        if name == EMBEDDING:
+            return self.embedding
+        if len(shape) == 1:
+            return "F32"
+        raise EdgepathError(f"{name} {tuple(shape)}: no type policy for this tensor (an untied output head, "
+                            f"or an architecture the Q4_0 path does not know)")
+
+    def kept_from_gptq(self, layers: int) -> list[str]:
+        """The Hugging Face prefixes (``model.layers.N.<module>``) of the matrices stored as
+        Q8_0, which GPTQ leaves unquantized."""
+        return [f"model.layers.{i}.{MATRICES[m]}" for i in range(layers) for m in MATRICES
+                if self._at_q8_0(m, i, layers)]
+
+    def round_to_stored(self, model):
+        """``model`` (PyTorch) with its embedding table (so its tied head) and its Q8_0
+        matrices rounded as ``write`` stores them; done before GPTQ, so that GPTQ
+        calibrates on them and the result is what the GGUF must reproduce."""
+        import torch
+
+        rounded = [(model.get_input_embeddings().weight, self.embedding)]
+        rounded += [(model.get_submodule(p).weight, "Q8_0") for p in self.kept_from_gptq(model.config.num_hidden_layers)]
+        with torch.no_grad():
+            for weight, kind in rounded:
+                weight.copy_(torch.from_numpy(_rounded(weight.detach().float().numpy(), kind)))
+        return model
+
+
+# The key and value projections at Q8_0 in every layer. On SmolLM2-135M (3 KV heads of 64
+# on 576-wide rows) they are 6 % of the decoder's weights; screened on one GPTQ build
+# (benchmarks/gguf_mix.py, 8 x 512 held-out tokens per genre, Zen 4 host) they took the mean
+# perplexity increase over bf16 from +6.96 % to +3.96 % for 0.20 more bits per weight (5.55,
+# against Q4_K_M's 6.17 at +5.83 %), below Q4_K_M on every genre, where Q4_K_M's own choice
+# (attn_v and ffn_down in its more-bits layers) reached +5.06 % at 5.76.
+DEFAULT_POLICY = TensorPolicy(q8_0=("attn_k", "attn_v"), q8_0_layers="all")
+DEFAULT_POLICY_REASON = ("attn_k and attn_v at Q8_0 in every layer: 6 % of SmolLM2-135M's decoder weights, they "
+                         "took the held-out perplexity increase from +6.96 % to +3.96 % for 0.20 more bits per "
+                         "weight, below llama.cpp Q4_K_M on every genre (benchmarks/gguf_mix.py)")
+
+
+def _rounded(weight, kind: str):
+    """``weight`` (a float32 array) as the GGUF holds it after type ``kind``."""
+    import numpy as np
+
+    if kind == "F32":
+        return weight
+    if kind == "F16":
+        return weight.astype(np.float16).astype(np.float32)
+    gguf = gguf_module()
+    qtype = gguf.GGMLQuantizationType[kind]
+    return gguf.quants.dequantize(gguf.quants.quantize(weight, qtype), qtype)
 
 
 def gguf_module():
@@ -69,31 +164,6 @@ def gguf_module():
     import gguf
 
     return gguf
-
-
-def tensor_type(name: str, shape: Sequence[int], embedding_type: str) -> str:
-    """The GGUF type of tensor ``name`` (module docstring, step 3)."""
-    if _DECODER_MATRIX.fullmatch(name):
-        return "Q4_0"
-    if name == EMBEDDING:
-        return embedding_type
-    if len(shape) == 1:
-        return "F32"
-    raise EdgepathError(f"{name} {tuple(shape)}: no type policy for this tensor (an untied output head, "
-                        f"or an architecture the Q4_0 path does not know)")
-
-
-def round_embedding(weight, embedding_type: str):
-    """``weight`` (a float32 array) as the GGUF will hold it after ``embedding_type``."""
-    import numpy as np
-
-    if embedding_type == "F32":
-        return weight
-    if embedding_type == "F16":
-        return weight.astype(np.float16).astype(np.float32)
-    gguf = gguf_module()
-    qtype = gguf.GGMLQuantizationType[embedding_type]
-    return gguf.quants.dequantize(gguf.quants.quantize(weight, qtype), qtype)
 
 
 def save_dequantized(model, source_hf: str | os.PathLike, out: str | os.PathLike) -> Path:
@@ -113,12 +183,10 @@ def save_dequantized(model, source_hf: str | os.PathLike, out: str | os.PathLike
 
 
 def write(quantized_hf: str | os.PathLike, out: str | os.PathLike,
-          embedding_type: str = EMBEDDING_TYPE) -> dict[str, Any]:
+          policy: TensorPolicy = DEFAULT_POLICY) -> dict[str, Any]:
     """Write the GGUF (module docstring) to ``out``; returns ``{type: tensor count}``."""
     import numpy as np
 
-    if embedding_type not in EMBEDDING_TYPES:
-        raise EdgepathError(f"embedding type {embedding_type!r}: one of {', '.join(EMBEDDING_TYPES)}")
     gguf = gguf_module()
     out = Path(out)
     counts: dict[str, int] = {}
@@ -127,7 +195,9 @@ def write(quantized_hf: str | os.PathLike, out: str | os.PathLike,
         convert_to_gguf(quantized_hf, f32, "f32")
         reader = gguf.GGUFReader(f32)
         partial = Path(scratch) / out.name
-        writer = gguf.GGUFWriter(partial, arch=reader.fields[gguf.Keys.General.ARCHITECTURE].contents())
+        arch = reader.fields[gguf.Keys.General.ARCHITECTURE].contents()
+        layers = reader.fields[gguf.Keys.LLM.BLOCK_COUNT.format(arch=arch)].contents()
+        writer = gguf.GGUFWriter(partial, arch=arch)
         for field in reader.fields.values():
             if field.name in (gguf.Keys.General.ARCHITECTURE, gguf.Keys.General.FILE_TYPE) \
                     or field.name.startswith("GGUF."):
@@ -138,7 +208,7 @@ def write(quantized_hf: str | os.PathLike, out: str | os.PathLike,
         writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
         for tensor in reader.tensors:
             values = np.asarray(tensor.data, dtype=np.float32)
-            kind = tensor_type(tensor.name, values.shape, embedding_type)
+            kind = policy.type_of(tensor.name, values.shape, layers)
             try:
                 if kind == "Q4_0":
                     data = GgufQ4_0.from_values(values).blocks
@@ -157,18 +227,6 @@ def write(quantized_hf: str | os.PathLike, out: str | os.PathLike,
         writer.close()
         os.replace(partial, out)
     return counts
-
-
-def reference_model(model, embedding_type: str):
-    """``model`` (PyTorch, its decoder linears on GPTQ's grid) with its embedding table,
-    and so its tied head, rounded as ``write`` stores it: what the GGUF must reproduce."""
-    import torch
-
-    embedding = model.get_input_embeddings().weight
-    rounded = round_embedding(embedding.detach().float().numpy(), embedding_type)
-    with torch.no_grad():
-        embedding.copy_(torch.from_numpy(rounded))
-    return model
 
 
 def read_back(gguf: str | os.PathLike, model_dir: str | os.PathLike):

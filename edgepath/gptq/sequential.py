@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 
 import torch
 
@@ -118,9 +118,11 @@ def quantize_model(
     damp: float,
     group_order: bool,
     quantize_head: bool,
+    keep: Collection[str] = (),
     batch_size: int = 8,
 ) -> dict[str, QuantizedLayer]:
-    """Quantize ``model`` (fp32, eval) in place to its dequantized 4-bit weights;
+    """Quantize ``model`` (fp32, eval) in place to its dequantized 4-bit weights, but
+    for the linears whose prefix is in ``keep`` (a path that stores them at more bits);
     returns the quantized layers by state-dict prefix. Progress goes to stderr."""
     check_architecture(model)
     layers = model.model.layers
@@ -137,10 +139,13 @@ def quantize_model(
         inputs, kwargs = _layer_inputs(model, tokens, batch_size)
         for li, layer in enumerate(layers):
             for group in SEQUENTIAL_GROUPS:
-                modules = [layer.get_submodule(n) for n in group]
+                names = [n for n in group if f"model.layers.{li}.{n}" not in keep]
+                if not names:
+                    continue
+                modules = [layer.get_submodule(n) for n in names]
                 # the group shares one input, so one Hessian serves all its linears
                 hessian = _input_hessian(modules[0], layer, inputs, kwargs)
-                for name, module in zip(group, modules):
+                for name, module in zip(names, modules):
                     quantize(f"model.layers.{li}.{name}", module, hessian)
             inputs = _forward(layer, inputs, kwargs)
             print(f"quantize: layer {li + 1}/{len(layers)} done, {time.monotonic() - start:.0f} s",
