@@ -5,7 +5,7 @@ Lifecycle of ``run(...)``:
 1. Arms (``plan``). Each 4-bit path (``quantize.paths``) whose patch-verify
    record passed on this host is a build arm; the controls are vLLM on the
    model's own bf16 checkpoint and llama.cpp on the control stage's GGUFs
-   (Q4_K_M, Q4_0, F16). A path this host cannot run is "not measured here",
+   (Q4_K_M, Q4_0, Q4_0-imatrix, F16). A path this host cannot run is "not measured here",
    with the reason. The stage knows paths, not targets: which target a
    measurement stands for is the manifest's decision (``manifest.measurement``
    by ``coverage.stands_for``: same kernel ISA tier as this host, or a record
@@ -71,9 +71,11 @@ RECORD_NAME, METRICS_NAME = records.FILE_NAMES["benchmark"], "metrics.json"
 SPEED_CSV, FIDELITY_CSV, GENRES_CSV = "speed.csv", "fidelity.csv", "fidelity_genres.csv"
 BF16_CONTROL = "vllm bf16"
 # The ratios' llama.cpp controls, by their key in ``ratios``: Q4_K_M, its usual 4-bit
-# choice, and Q4_0, plain round-to-nearest 4-bit (issue 20's goal: below Q4_0 on every
-# genre, at most 1.5x Q4_K_M's mean increase).
-LLAMA_CONTROLS = {"llama_q4_k_m": "llama.cpp Q4_K_M", "llama_q4_0": "llama.cpp Q4_0"}
+# choice; Q4_0, plain round-to-nearest 4-bit (issue 20's goal: below Q4_0 on every
+# genre, at most 1.5x Q4_K_M's mean increase); Q4_0 with an importance matrix, the
+# strongest llama.cpp offers at Q4_0's size (issue 21's goal: below it).
+LLAMA_CONTROLS = {"llama_q4_k_m": "llama.cpp Q4_K_M", "llama_q4_0": "llama.cpp Q4_0",
+                  "llama_q4_0_imatrix": "llama.cpp Q4_0-imatrix"}
 # What set in the environment changes how the engines' threads spin and bind.
 THREAD_ENV = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "OMP_PROC_BIND", "OMP_PLACES", "GOMP_SPINCOUNT",
               "KMP_BLOCKTIME", "KMP_AFFINITY", "VLLM_CPU_OMP_THREADS_BIND")

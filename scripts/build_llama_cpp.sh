@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Build llama.cpp's Python bindings (llama-cpp-python, the benchmark's control engine)
-# from source into .venv for this host's CPU, and copy llama.cpp's HF -> GGUF converter
-# out of the same sdist into .venv/share/edgepath/llama.cpp.
+# from source into .venv for this host's CPU, copy llama.cpp's HF -> GGUF converter
+# out of the same sdist into .venv/share/edgepath/llama.cpp, and build its llama-imatrix
+# and llama-quantize tools from the same sources into .venv/share/edgepath/llama.cpp/bin
+# (the control's imatrix Q4_0: the bindings cannot hand the quantizer an importance matrix).
 # Idempotent: skipped while .venv/.edgepath-llama-cpp names this version and these flags.
-# Takes ~7 min on 2 cores (140 C/C++ units; measured here: 6 min 28 s).
+# Takes ~7 min on 2 cores for the bindings (140 C/C++ units; measured here: 6 min 28 s)
+# and ~3 min more for the two tools, statically linked (measured here: 6 min beside another job).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,7 +33,7 @@ case $(uname -m) in
 esac
 
 stamp=.venv/.edgepath-llama-cpp
-want="llama-cpp-python $version ${cmake_args[*]}"
+want="llama-cpp-python $version ${cmake_args[*]}; tools: llama-imatrix llama-quantize"
 if [[ -f $stamp && $(cat "$stamp") == "$want" ]]; then
     exit 0
 fi
@@ -62,6 +65,18 @@ tar -xzf "$sdist" -C "$stage" --strip-components=3 \
     "llama_cpp_python-$version/vendor/llama.cpp/convert_hf_to_gguf.py" \
     "llama_cpp_python-$version/vendor/llama.cpp/conversion" \
     "llama_cpp_python-$version/vendor/llama.cpp/gguf-py"
+
+# The two tools, with the bindings' ISA flags, linked statically so that they stand alone.
+echo "build_llama_cpp: building llama-imatrix and llama-quantize (~3 min on 2 cores)" >&2
+tar -xzf "$sdist" -C "$download" "llama_cpp_python-$version/vendor/llama.cpp"
+tools=$download/build
+cmake -S "$download/llama_cpp_python-$version/vendor/llama.cpp" -B "$tools" -DCMAKE_BUILD_TYPE=Release \
+    -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DGGML_CCACHE=OFF "${cmake_args[@]/-DLLAMA_BUILD_TOOLS=OFF/-DLLAMA_BUILD_TOOLS=ON}" \
+    > "$download/cmake.log" || { cat "$download/cmake.log" >&2; exit 1; }
+cmake --build "$tools" --target llama-imatrix llama-quantize -j "$(nproc)" > "$download/build.log" \
+    || { tail -50 "$download/build.log" >&2; exit 1; }
+mkdir -p "$stage/bin"
+cp "$tools/bin/llama-imatrix" "$tools/bin/llama-quantize" "$stage/bin/"
 rm -rf "$share/llama.cpp"
 mv -T "$stage" "$share/llama.cpp"
 echo "$want" > "$stamp"

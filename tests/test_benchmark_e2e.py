@@ -23,7 +23,8 @@ def bench(pipeline):
 def test_every_arm_was_measured_interleaved_with_its_spread(bench):
     _, _, record = bench
     arms = {a["name"]: a for a in record["arms"]}
-    assert set(arms) >= {"w4a16-tinygemm", "vllm bf16", "llama.cpp Q4_K_M", "llama.cpp Q4_0", "llama.cpp F16"}
+    assert set(arms) >= {"w4a16-tinygemm", "vllm bf16", "llama.cpp Q4_K_M", "llama.cpp Q4_0", "llama.cpp Q4_0-imatrix",
+                         "llama.cpp F16"}
     for a in arms.values():
         for metric in ("decode_tok_s", "prefill_tok_s"):
             spread = a[metric]
@@ -36,9 +37,11 @@ def test_every_arm_was_measured_interleaved_with_its_spread(bench):
     # the GGUF build runs in llama.cpp on any CPU, counted as llama.cpp counts its controls
     gguf = arms["q4_0-gguf"]
     assert (gguf["role"], gguf["engine"], record["paths"]["q4_0-gguf"]["state"]) == ("build", "llama.cpp", "measured")
-    # Q4_0 blocks and a Q8_0 embedding, as llama.cpp's own Q4_0 file holds: the same size
-    bits = {name: arms[name]["bits_per_weight"] for name in ("q4_0-gguf", "llama.cpp Q4_0", "llama.cpp Q4_K_M")}
-    assert bits["q4_0-gguf"] == bits["llama.cpp Q4_0"] < bits["llama.cpp Q4_K_M"]
+    # Q4_0 blocks and a Q8_0 embedding, as llama.cpp's own Q4_0 file holds, and the key and value
+    # projections at Q8_0: between Q4_0's size and Q4_K_M's; the importance matrix changes no size
+    bits = {name: arms[name]["bits_per_weight"]
+            for name in ("q4_0-gguf", "llama.cpp Q4_0", "llama.cpp Q4_0-imatrix", "llama.cpp Q4_K_M")}
+    assert bits["llama.cpp Q4_0-imatrix"] == bits["llama.cpp Q4_0"] < bits["q4_0-gguf"] < bits["llama.cpp Q4_K_M"]
     assert gguf["ratios"]["llama_q4_k_m"]["increase_ratio"] is not None
     assert record["settings"]["passes"] == 3 and record["settings"]["threads"] >= 1
     assert 0 <= record["load"]["other_cpu_share"]["max"] <= 1
@@ -70,7 +73,8 @@ def test_fidelity_is_measured_per_genre_against_the_models_own_bf16(bench):
     r = build["ratios"]
     assert r["decode_vs_bf16"] == pytest.approx(
         build["decode_tok_s"]["median"] / arms["vllm bf16"]["decode_tok_s"]["median"], abs=0.01)
-    for key, name in (("llama_q4_k_m", "llama.cpp Q4_K_M"), ("llama_q4_0", "llama.cpp Q4_0")):
+    for key, name in (("llama_q4_k_m", "llama.cpp Q4_K_M"), ("llama_q4_0", "llama.cpp Q4_0"),
+                      ("llama_q4_0_imatrix", "llama.cpp Q4_0-imatrix")):
         control = arms[name]["fidelity"]
         assert (r[key]["mean_increase_pct"], r[key]["worst"]) == (control["mean_increase_pct"], control["worst"])
         if control["mean_increase_pct"] > 0:

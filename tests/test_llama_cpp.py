@@ -1,5 +1,6 @@
 """llama.cpp for real (llama-cpp-python built by scripts/setup.sh) on a tiny Llama:
-the control stage's conversion and quantization, the engine's scoring against
+the control stage's conversion and quantization (the imatrix one by llama.cpp's own
+tools, built by set-up from the same sources), the engine's scoring against
 PyTorch on the same weights, and the benchmark's worker process around it."""
 
 import pytest
@@ -8,6 +9,7 @@ import torch
 from edgepath import benchmark, control, records
 from edgepath.engines.llama_cpp import LlamaCpp
 from edgepath.errors import EdgepathError
+from edgepath.fleet import Calibration
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +29,8 @@ def tiny(default_model, tmp_path_factory):
     LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(work / "hf")
     tokenizer.save_pretrained(work / "hf")
     model.run(work / "model", source=str(work / "hf"))
-    control.run(work / "model" / "model.json", work / "control", ["Q4_0", "F16"], threads=2)
+    control.run(work / "model" / "model.json", work / "control", ["Q4_0", "Q4_0-imatrix", "F16"], threads=2,
+                calibration=Calibration(samples=4, length=64))
     return work / "hf", work / "model" / "model.json", work / "control"
 
 
@@ -35,14 +38,28 @@ def test_control_stage_records_every_file_as_llama_cpp_loaded_it(tiny):
     _, model_record, out = tiny
     record = records.read(out / control.RECORD_NAME, control.RECORD_KIND)
     files = {f["type"]: f for f in record["files"]}
-    assert set(files) == {"Q4_0", "F16"}
-    assert {p.name for p in out.iterdir()} == {"control.json", "model-q4_0.gguf", "model-f16.gguf"}
+    assert set(files) == {"Q4_0", "Q4_0-imatrix", "F16"}
+    # the importance matrix and its text are gone
+    assert {p.name for p in out.iterdir()} == {"control.json", "model-q4_0.gguf", "model-q4_0-imatrix.gguf",
+                                               "model-f16.gguf"}
     assert files["F16"]["bits_per_weight"] == pytest.approx(16, abs=0.01)
     # 4.5 bits on the layers; llama.cpp keeps the (tied) output table wider, and here it is most of the model
     assert 4.5 < files["Q4_0"]["bits_per_weight"] < 8
     assert files["Q4_0"]["size"] < files["F16"]["size"] / 2
     assert files["F16"]["parameters"] == records.read(model_record, "model")["parameters"]
     assert "AVX" in record["llama_cpp"]["system_info"] or "NEON" in record["llama_cpp"]["system_info"]
+
+
+def test_the_imatrix_control_is_q4_0_weighted_by_llama_imatrix_over_the_calibration_windows(tiny):
+    _, _, out = tiny
+    files = {f["type"]: f for f in records.read(out / control.RECORD_NAME, control.RECORD_KIND)["files"]}
+    weighted, plain = files["Q4_0-imatrix"], files["Q4_0"]
+    assert weighted["bits_per_weight"] == plain["bits_per_weight"]  # the file's metadata names the matrix too
+    assert weighted["sha256"] != plain["sha256"], "the importance matrix changed no rounding"
+    assert "imatrix" not in plain
+    made_from = weighted["imatrix"]
+    assert (made_from["tool"], made_from["context"]) == ("llama-imatrix", 64)
+    assert (made_from["calibration"]["samples"], made_from["calibration"]["length"]) == (4, 64)
 
 
 def test_unknown_control_type_is_refused_and_writes_nothing(tiny, tmp_path):

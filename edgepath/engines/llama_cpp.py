@@ -7,7 +7,11 @@ the benchmark's control engine, and the tools that make its GGUF files.
   the same sdist the bindings were built from (``converter_dir``), so the
   converter and the engine are one llama.cpp version.
 - ``quantize_gguf``: F16 GGUF to Q4_K_M / Q4_0 / Q8_0 with ``llama_model_quantize``
-  (the bindings expose the quantizer; pip builds no ``llama-quantize`` binary).
+  (the bindings expose the quantizer).
+- ``importance_matrix`` and ``quantize_with_imatrix``: llama.cpp's ``llama-imatrix``
+  and ``llama-quantize --imatrix``, which the bindings cannot drive (the quantizer
+  takes the matrix as a C++ map), so set-up builds the two tools from the same sdist
+  into ``converter_dir() / "bin"``.
 - ``LlamaCpp``: one model in one context, driven through the C API with token
   ids (the caller tokenizes with the model's Hugging Face tokenizer, so every
   engine sees the same ids). Logits are read per position with
@@ -52,6 +56,35 @@ def convert_to_gguf(hf_dir: str | os.PathLike, out: str | os.PathLike, outtype: 
     if done.returncode != 0:
         raise EdgepathError(f"convert_hf_to_gguf.py failed on {hf_dir} (exit {done.returncode}):\n"
                             f"{done.stderr[-3000:]}")
+
+
+def tool(name: str) -> Path:
+    """One of llama.cpp's command-line tools that set-up built (``llama-imatrix``, ``llama-quantize``)."""
+    path = converter_dir() / "bin" / name
+    if not path.is_file():
+        raise EdgepathError(f"{path}: llama.cpp's {name} is missing; run scripts/setup.sh")
+    return path
+
+
+def _run_tool(name: str, *args: str | os.PathLike) -> None:
+    done = subprocess.run([str(tool(name)), *map(str, args)], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise EdgepathError(f"{name} failed (exit {done.returncode}):\n{(done.stdout + done.stderr)[-3000:]}")
+
+
+def importance_matrix(f16: str | os.PathLike, text: str | os.PathLike, out: str | os.PathLike, context: int,
+                      threads: int) -> None:
+    """llama.cpp's importance matrix of ``f16`` over the text file ``text`` (chunks of
+    ``context`` tokens, special tokens such as a chat template's parsed as such) at ``out``."""
+    _run_tool("llama-imatrix", "-m", f16, "-f", text, "-o", out, "-c", str(context), "-t", str(threads),
+              "--parse-special", "--no-ppl")
+
+
+def quantize_with_imatrix(f16: str | os.PathLike, out: str | os.PathLike, ftype: str, imatrix: str | os.PathLike,
+                          threads: int) -> None:
+    """Quantize ``f16`` to ``ftype`` at ``out`` weighting each weight's rounding error by
+    ``imatrix`` (``importance_matrix``), as llama.cpp's own tool does."""
+    _run_tool("llama-quantize", "--imatrix", imatrix, f16, out, ftype, str(threads))
 
 
 def _quiet_logs() -> None:
