@@ -158,6 +158,16 @@ def _row(name: str, perplexity: dict[str, float], reference: dict[str, float], *
             **{f"perplexity_{g}": round(v, 3) for g, v in perplexity.items()}, **extra}
 
 
+def print_table(rows: list[dict], genres: list[str]) -> None:
+    """``rows`` (``_row``'s) as a Markdown table on stdout."""
+    print("\n| arm | bits/weight | " + " | ".join(genres) + " | mean | worst |")
+    print("|---" * (len(genres) + 4) + "|")
+    for r in rows:
+        print(f"| {r['arm']} | {r.get('bits_per_weight', '')} | " +
+              " | ".join(f"{r[f'increase_pct_{g}']:+.1f} %" for g in genres) +
+              f" | {r['mean_increase_pct']:+.2f} % | {r['worst_genre']} {r['worst_increase_pct']:+.1f} % |")
+
+
 def _save(results: Path, meta: dict, rows: list[dict]) -> list[dict]:
     """Merge ``rows`` into calibration.json (an earlier run's rows of other names stay)
     and calibration.csv, each replaced whole; returns the merged rows."""
@@ -252,14 +262,7 @@ def main() -> None:
         del model, quantized
         _save(Path(args.results), meta, rows)  # an interrupted run keeps the variants it finished
 
-    rows = _save(Path(args.results), meta, rows)
-    genres = list(reference)
-    print("\n| arm | bits/weight | " + " | ".join(genres) + " | mean | worst |")
-    print("|---" * (len(genres) + 4) + "|")
-    for r in rows:
-        print(f"| {r['arm']} | {r.get('bits_per_weight', '')} | " +
-              " | ".join(f"{r[f'increase_pct_{g}']:+.1f} %" for g in genres) +
-              f" | {r['mean_increase_pct']:+.2f} % | {r['worst_genre']} {r['worst_increase_pct']:+.1f} % |")
+    print_table(_save(Path(args.results), meta, rows), list(reference))
 
 
 if __name__ == "__main__":

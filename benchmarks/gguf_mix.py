@@ -56,7 +56,7 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from calibration import _row, _scored_by_llama_cpp
+    from calibration import _row, _scored_by_llama_cpp, print_table
     from edgepath import calibration
     from edgepath.engines import gguf_gptq
     from edgepath.gptq.evaluate import perplexity
@@ -99,13 +99,7 @@ def main() -> None:
     with tempfile.NamedTemporaryFile("w", dir=results, delete=False, suffix=".tmp") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=2)
     os.replace(f.name, results / "gguf_mix.json")
-    genres = list(reference)
-    print("\n| arm | bits/weight | " + " | ".join(genres) + " | mean | worst |")
-    print("|---" * (len(genres) + 4) + "|")
-    for r in rows:
-        print(f"| {r['arm']} | {r.get('bits_per_weight', '')} | " +
-              " | ".join(f"{r[f'increase_pct_{g}']:+.1f} %" for g in genres) +
-              f" | {r['mean_increase_pct']:+.2f} % | {r['worst_genre']} {r['worst_increase_pct']:+.1f} % |")
+    print_table(rows, list(reference))
 
 
 if __name__ == "__main__":
