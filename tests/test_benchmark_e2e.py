@@ -38,10 +38,11 @@ def test_every_arm_was_measured_interleaved_with_its_spread(bench):
     gguf = arms["q4_0-gguf"]
     assert (gguf["role"], gguf["engine"], record["paths"]["q4_0-gguf"]["state"]) == ("build", "llama.cpp", "measured")
     # Q4_0 blocks and a Q8_0 embedding, as llama.cpp's own Q4_0 file holds, and the key and value
-    # projections at Q8_0: between Q4_0's size and Q4_K_M's; the importance matrix changes no size
+    # projections at Q8_0: between Q4_0's size and Q4_K_M's. llama.cpp's imatrix Q4_0 keeps the first
+    # eighth of the layers' ffn_down at Q4_1, a little more than Q4_0
     bits = {name: arms[name]["bits_per_weight"]
             for name in ("q4_0-gguf", "llama.cpp Q4_0", "llama.cpp Q4_0-imatrix", "llama.cpp Q4_K_M")}
-    assert bits["llama.cpp Q4_0-imatrix"] == bits["llama.cpp Q4_0"] < bits["q4_0-gguf"] < bits["llama.cpp Q4_K_M"]
+    assert bits["llama.cpp Q4_0"] <= bits["llama.cpp Q4_0-imatrix"] < bits["q4_0-gguf"] < bits["llama.cpp Q4_K_M"]
     assert gguf["ratios"]["llama_q4_k_m"]["increase_ratio"] is not None
     assert record["settings"]["passes"] == 3 and record["settings"]["threads"] >= 1
     assert 0 <= record["load"]["other_cpu_share"]["max"] <= 1

@@ -54,7 +54,9 @@ def test_the_imatrix_control_is_q4_0_weighted_by_llama_imatrix_over_the_calibrat
     _, _, out = tiny
     files = {f["type"]: f for f in records.read(out / control.RECORD_NAME, control.RECORD_KIND)["files"]}
     weighted, plain = files["Q4_0-imatrix"], files["Q4_0"]
-    assert weighted["bits_per_weight"] == plain["bits_per_weight"]  # the file's metadata names the matrix too
+    # the same types on one layer (llama.cpp moves the first eighth of the layers' ffn_down to Q4_1
+    # with an imatrix); the file's metadata names the matrix, so sizes differ by that
+    assert weighted["bits_per_weight"] == plain["bits_per_weight"]
     assert weighted["sha256"] != plain["sha256"], "the importance matrix changed no rounding"
     assert "imatrix" not in plain
     made_from = weighted["imatrix"]
