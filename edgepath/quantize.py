@@ -9,6 +9,9 @@ Lifecycle of ``run(model_dir, path, out, settings)``:
 2. Calibrate: draw the token windows (``calibration``).
 3. Quantize layer by layer (``gptq.sequential``: GPTQ with a per-group grid
    search on the layer's output error), the output head too when ``head: int4``.
+   A GGUF path first rounds what its file stores above 4 bits (the tensor policy,
+   ``engines.gguf_gptq.DEFAULT_POLICY``: the embedding, the key and value
+   projections) to Q8_0, and GPTQ leaves those matrices alone.
 4. Pack into the path's format (``gptq.gptq_format``, ``gptq.cpu_int4_format``; for
    ``q4_0-gguf`` a GGUF of Q4_0 blocks, ``engines.gguf_gptq``), copy config,
    tokenizer and chat template (a GGUF carries its own), and write
