@@ -62,7 +62,7 @@ from .command import Command
 from .engines.worker import EngineProcess
 from .engines.worker import command as worker_command
 from .errors import EdgepathError
-from .fidelity import headline, increase_percent
+from .fidelity import COMPARED_CONTROLS, headline, increase_percent
 from .fleet import Calibration
 from .profile import HardwareProfile
 
@@ -70,12 +70,8 @@ RECORD_KIND = "benchmark"
 RECORD_NAME, METRICS_NAME = records.FILE_NAMES["benchmark"], "metrics.json"
 SPEED_CSV, FIDELITY_CSV, GENRES_CSV = "speed.csv", "fidelity.csv", "fidelity_genres.csv"
 BF16_CONTROL = "vllm bf16"
-# The ratios' llama.cpp controls, by their key in ``ratios``: Q4_K_M, its usual 4-bit
-# choice; Q4_0, plain round-to-nearest 4-bit (issue 20's goal: below Q4_0 on every
-# genre, at most 1.5x Q4_K_M's mean increase); Q4_0 with an importance matrix, the
-# strongest llama.cpp offers at Q4_0's size (issue 21's goal: below it).
-LLAMA_CONTROLS = {"llama_q4_k_m": "llama.cpp Q4_K_M", "llama_q4_0": "llama.cpp Q4_0",
-                  "llama_q4_0_imatrix": "llama.cpp Q4_0-imatrix"}
+# The ratios' llama.cpp controls (``fidelity.COMPARED_CONTROLS``), by their key in ``ratios``: arm names.
+LLAMA_CONTROLS = {key: f"llama.cpp {ftype}" for key, ftype in COMPARED_CONTROLS.items()}
 # What set in the environment changes how the engines' threads spin and bind.
 THREAD_ENV = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "OMP_PROC_BIND", "OMP_PLACES", "GOMP_SPINCOUNT",
               "KMP_BLOCKTIME", "KMP_AFFINITY", "VLLM_CPU_OMP_THREADS_BIND")

@@ -1,10 +1,18 @@
 """The figures that held-out perplexity per genre is reported by, in the quantization
 report and the benchmark record alike: each genre's increase over the reference, and
-as headline their mean and the worst genre."""
+as headline their mean and the worst genre; and the llama.cpp controls a build's
+increase is compared with, in the benchmark record and the manifest alike."""
 
 from __future__ import annotations
 
 from typing import Any
+
+# The control types (the control stage's) every build is compared with, by their key in
+# the benchmark's ``ratios``: Q4_K_M, llama.cpp's usual 4-bit choice; Q4_0, plain
+# round-to-nearest 4-bit (issue 20's goal: below Q4_0 on every genre, at most 1.5x
+# Q4_K_M's mean increase); Q4_0-imatrix, the strongest llama.cpp offers at Q4_0's size
+# (issue 21's goal: below it).
+COMPARED_CONTROLS = {"llama_q4_k_m": "Q4_K_M", "llama_q4_0": "Q4_0", "llama_q4_0_imatrix": "Q4_0-imatrix"}
 
 
 def increase_percent(perplexity: float, reference: float) -> float:

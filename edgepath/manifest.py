@@ -36,6 +36,7 @@ from typing import Any
 from . import __version__, coverage, records, versions
 from .command import Command, printable
 from .errors import EdgepathError
+from .fidelity import COMPARED_CONTROLS
 from .fleet import Params
 from .hf_model import sha256_file
 from .weight_paths import Stage
@@ -345,7 +346,7 @@ def target_metrics(manifest: dict[str, Any]) -> dict[str, Any]:
                                  "decode_vs_bf16": r["decode_vs_bf16"],
                                  "decode_vs_llama_q4_k_m": r["decode_vs_llama_q4_k_m"],
                                  **{f"increase_vs_{key}": r[key]["increase_ratio"]
-                                    for key in ("llama_q4_k_m", "llama_q4_0", "llama_q4_0_imatrix") if r.get(key)}}
+                                    for key in COMPARED_CONTROLS if r.get(key)}}
         elif "export" in t:  # a phone: its program against fp32, and its decode off-device
             parity, check = t["export"]["parity"], t["export"].get("runtime_check")
             metrics[t["tag"]] = {"top1_vs_fp32": parity["top1_agreement"], "kl_vs_fp32": parity["kl_nats"],
@@ -434,9 +435,8 @@ def _benchmark_line(b: dict[str, Any]) -> str:
     def times(x: float | None) -> str:
         return "-" if x is None else f"{x:.2f}x"
 
-    controls = "; ".join(f"llama.cpp {name} {_increase(c['mean_increase_pct'], c['worst'])}"
-                         for name, c in (("Q4_K_M", r["llama_q4_k_m"]), ("Q4_0", r["llama_q4_0"]),
-                                         ("Q4_0-imatrix", r.get("llama_q4_0_imatrix"))) if c)
+    controls = "; ".join(f"llama.cpp {ftype} {_increase(r[key]['mean_increase_pct'], r[key]['worst'])}"
+                         for key, ftype in COMPARED_CONTROLS.items() if r.get(key))
     reproduced = r["llama_q4_k_m_prompts_reproduced"]
     return (f"{b['state']} {b['run']['date'][:10]}: decode {f['decode_tok_s']:.1f} tok/s ({times(r['decode_vs_bf16'])} "
             f"vLLM bf16, {times(r['decode_vs_llama_q4_k_m'])} llama.cpp Q4_K_M), prefill {f['prefill_tok_s']:.0f} "
