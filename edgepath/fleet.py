@@ -21,7 +21,9 @@ arrives (``--target``). Every target has:
 - ``priority``: ``speed`` or ``fidelity``;
 - ``platform``: the container platform its stages run on (``linux/amd64``,
   ``linux/arm64``) or ``auto``: the one its kind of device runs on
-  (``PLATFORM_OF_DEVICE``; ``check_platform`` refuses any other).
+  (``PLATFORM_OF_DEVICE``; ``check_platform`` refuses any other);
+- ``engine`` (optional): ``vllm``, ``llama.cpp``, ``executorch`` or ``auto`` (the
+  default): the engine its build runs in, ``select`` decides ``auto``.
 
 ``calibration`` is the real text that quantize and export calibrate on and that
 quantize, patch-verify and benchmark score on (``Calibration``).
@@ -84,6 +86,8 @@ class Target:
     profile: str
     priority: str
     platform: str
+    engine: str = AUTO
+    """The engine the target wants (``select.ENGINES``); ``auto``: the selector's measured choice."""
 
     def resolve_platform(self, profile) -> str:
         """The platform written, or for ``auto`` the one the device (``profile``, its

@@ -39,7 +39,7 @@ from .errors import EdgepathError
 from .fidelity import COMPARED_CONTROLS
 from .fleet import Params
 from .hf_model import sha256_file
-from .weight_paths import Stage
+from .weight_paths import Engine, Stage
 
 EXPORT_RECORD = records.FILE_NAMES["export"]
 
@@ -65,10 +65,29 @@ def _artifact(path: Path, base: Path, output_parent: Path) -> dict[str, Any]:
             "size": path.stat().st_size, "sha256": sha256_file(path)}
 
 
-def _quantization_summary(report: dict[str, Any], check: dict[str, Any]) -> dict[str, Any]:
+def _vllm_check_summary(check: dict[str, Any]) -> dict[str, Any]:
+    """A vLLM checkpoint's engine check (``engine_check``): the kernel that ran, and its
+    top-1 agreement with the checkpoint's own dequantized weights and with bf16."""
     against = check["against"] or {}
     top1 = {name: against[name]["teacher_forced_top1_agreement"] if name in against else None
             for name in ("dequantized", "bf16")}
+    return {"passed": check["passed"], "engine": check["engine"], "activation_mode": check["activation_mode"],
+            "kernel_op": check["kernel_op"], "ran_kernel": check["ran_kernel"], "not_run": check["not_run"],
+            "top1_vs_dequantized": top1["dequantized"], "top1_vs_bf16": top1["bf16"],
+            "note": check["w4a8_gate_lifted"]}
+
+
+def _gguf_check_summary(check: dict[str, Any]) -> dict[str, Any]:
+    """A GGUF's check in llama.cpp (``gguf_check``), in the same fields: llama.cpp runs the
+    file's own kernels (there is no op to name), against the weights it was written from."""
+    return {"passed": check["passed"], "engine": check["engine"],
+            "activation_mode": "Q8_0 blocks (llama.cpp rounds activations for its Q4_0 and Q8_0 dot products)",
+            "kernel_op": None, "ran_kernel": True, "not_run": None,
+            "top1_vs_dequantized": check["against"]["reference"]["teacher_forced_top1_agreement"],
+            "top1_vs_bf16": None, "note": f"against {check['reference']}"}
+
+
+def _quantization_summary(report: dict[str, Any], engine_check: dict[str, Any]) -> dict[str, Any]:
     return {
         "group_size": report["format"]["group_size"],
         "group_size_reason": report["format"]["group_size_reason"],
@@ -77,12 +96,7 @@ def _quantization_summary(report: dict[str, Any], check: dict[str, Any]) -> dict
         "search": report["algorithm"]["search"],
         "calibration": {k: report["calibration"][k] for k in ("corpus", "samples", "length", "chat_samples")},
         "perplexity": _quantize_fidelity(report["fidelity"]),
-        "engine_check": {
-            "passed": check["passed"], "engine": check["engine"], "activation_mode": check["activation_mode"],
-            "kernel_op": check["kernel_op"], "ran_kernel": check["ran_kernel"], "not_run": check["not_run"],
-            "top1_vs_dequantized": top1["dequantized"], "top1_vs_bf16": top1["bf16"],
-            "note": check["w4a8_gate_lifted"],
-        },
+        "engine_check": engine_check,
     }
 
 
@@ -116,13 +130,15 @@ def _build(selection: dict[str, Any], model_record: dict[str, Any], model_dir: P
         report = records.read(report_file, "quantization")
         if report["model"]["fingerprint"] != model_record["fingerprint"]:
             raise EdgepathError(f"{built}: quantized from another model (fingerprint differs); re-run quantize@{name}")
-        check = records.read(built / records.FILE_NAMES["engine_check"], "engine_check")
+        kind = "gguf_check" if selection["path"]["engine"] == Engine.LLAMA_CPP.value else "engine_check"
+        check = records.read(built / records.FILE_NAMES[kind], kind)
+        summary = _gguf_check_summary(check) if kind == "gguf_check" else _vllm_check_summary(check)
         artifacts = [_artifact(f, base, weights_dir) for f in sorted(built.iterdir()) if f.is_file()]
-        checked = (f"engine check not run on the build host: {check['not_run']}" if check["not_run"]
-                   else f"engine check {'passed' if check['passed'] else 'FAILED'}")
+        checked = (f"engine check not run on the build host: {check['not_run']}" if summary["not_run"]
+                   else f"{summary['engine']} check {'passed' if check['passed'] else 'FAILED'}")
         return ({"state": "built", "detail": f"quantize@{name}: {report['format']['quant_method']} checkpoint, "
                  f"{checked}"},
-                artifacts, _quantization_summary(report, check))
+                artifacts, _quantization_summary(report, summary))
     if export is not None:
         artifacts = _export_artifacts(exports_dir / name, export, base)
         return {"state": "built", "detail": _export_detail(export)}, artifacts, None
@@ -204,11 +220,11 @@ def _verification(selection: dict[str, Any], verify_dir: Path, export: dict[str,
     name = path["name"]
     if export is not None:
         return {"verified": False, "record": None, **_export_verification(name, export)}
-    if path["built_by"] != Stage.QUANTIZE.value or not path["runs_in_vllm"]:
+    if path["built_by"] != Stage.QUANTIZE.value:
         device = target["gpu_name"] or target["accelerator"] if target["accelerator"] != "none" else target["arch"]
         return {"verified": False, "record": None, "state": "not run here",
-                "detail": (f"nothing of this device's kind ({device}) ran {name} in this pipeline: patch-verify runs the 4-bit vLLM CPU paths, "
-                           f"and {name} is built by the {path['built_by']} stage")}
+                "detail": (f"nothing of this device's kind ({device}) ran {name} in this pipeline: patch-verify runs the "
+                           f"quantize stage's CPU builds, and {name} is built by the {path['built_by']} stage")}
     record_path = verify_dir / f"{name}.json"
     record = records.read(record_path, "patch_verify") if _present(record_path) else None
     reference = {"record": _relative(record_path, base) if record else None}
@@ -237,6 +253,13 @@ def _patch_verified(record: dict[str, Any], reference: dict[str, Any]) -> dict[s
     if not record["passed"]:
         return {"verified": False, **reference, "state": "failed", "patches": patches,
                 "detail": f"patch-verify {where}: {'; '.join(record['failures'])}"}
+    if record["engine"] == Engine.LLAMA_CPP.value:
+        check = record["check"]
+        return {"verified": True, **reference, "state": "passed", "patches": patches,
+                "detail": (f"patch-verify {where}: {check['engine']} ran the GGUF, teacher-forced top-1 agreement "
+                           f"with {check['reference']} "
+                           f"{check['against']['reference']['teacher_forced_top1_agreement']:.3f}; a copy with its "
+                           f"nibbles swapped scored {check['swapped_nibbles']['teacher_forced_top1_agreement']:.3f}")}
     agreement = record["check"]["against"]["dequantized"]["teacher_forced_top1_agreement"]
     gate = f"; {record['check']['w4a8_gate_lifted']}" if record["check"].get("w4a8_gate_lifted") else ""
     return {"verified": True, **reference, "state": "passed", "patches": patches,
@@ -272,8 +295,8 @@ def measurement(selection: dict[str, Any], record: dict[str, Any],
     elsewhere = coverage.stands_for(host, summary)
     if summary["accelerator"] != "none":  # no CPU benchmark stands for it, here or imported
         return "not measured here", None, elsewhere
-    if not (path["runs_in_vllm"] and path["quantization"]):
-        return "not measured here", None, f"{path['name']} is not a vLLM CPU build"
+    if path["built_by"] != Stage.QUANTIZE.value:
+        return "not measured here", None, f"{path['name']} is not a CPU build of the quantize stage"
 
     def arm_of(r: dict[str, Any]) -> dict[str, Any] | None:
         return next((a for a in r["arms"] if a["role"] == "build" and a["name"] == path["name"]), None)
@@ -391,6 +414,7 @@ def build(params: Params, model_record_path: str | os.PathLike, selections_dir: 
             "tag": tag,
             "platform": selection["platform"],
             "priority": selection["priority"],
+            "engine": selection["engine"],
             "profile": selection["profile"],
             "path": selection["path"],
             "build": build_state,
@@ -478,15 +502,15 @@ def render(manifest: dict[str, Any]) -> str:
         f"       fingerprint {m['fingerprint'][:19]}  digest {m['digest'][:19]}",
         "",
     ]
-    header = ("TAG", "PLATFORM", "DEVICE", "PATH", "QUANT", "GROUP", "BITS/W", "VLLM", "VERIFIED", "BUILD", "VERSION")
+    header = ("TAG", "PLATFORM", "DEVICE", "PATH", "ENGINE", "GROUP", "BITS/W", "VERIFIED", "BUILD", "VERSION")
     rows = [header]
     for t in manifest["targets"]:
         s, p = t["profile"]["summary"], t["path"]
         device = s["arch"] + ("" if s["accelerator"] == "none" else f" + {s['gpu_name'] or s['accelerator']}")
         rows.append((
             t["tag"], t["platform"], f"{device}, {s['n_physical']}c/{_gib(s['ram_total_bytes'])}",
-            p["name"], p["quantization"] or "-", str(p["group_size"] or "-"), f"{p['bits_per_weight']:.2f}",
-            "yes" if p["runs_in_vllm"] else "no", _verified_cell(t["verification"]),
+            p["name"], p["engine"], str(p["group_size"] or "-"), f"{p['bits_per_weight']:.2f}",
+            _verified_cell(t["verification"]),
             f"{t['build']['state']} ({len(t['artifacts'])} files)" if t["artifacts"] else t["build"]["state"],
             version_cell(t["release"]),
         ))

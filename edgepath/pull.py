@@ -198,24 +198,28 @@ def target(manifest: dict[str, Any], tag: str) -> dict[str, Any]:
 
 
 def target_for_machine(manifest: dict[str, Any], profile, priority: str = "speed") -> tuple[str, str]:
-    """The manifest's target for a machine (``profile``, a HardwareProfile): the
-    weight path the selector picks for it, built for a target of that priority;
-    among several, one whose build a run on this machine would stand for
-    (``coverage.stands_for``: the same kernel ISA tier), then one of the same
-    architecture. Returns (tag, why)."""
-    from .select import select_weight_path
+    """The manifest's target for a machine (``profile``, a HardwareProfile): a built
+    target of that priority whose path the selector picks for this machine under the
+    target's own engine setting; among several, one whose build a run on this machine
+    would stand for (``coverage.stands_for``: the same kernel ISA tier), then one of
+    the same architecture. Returns (tag, why)."""
+    from .select import engines_for, select_weight_path
 
-    path = select_weight_path(profile, priority).name
     here = profile.summary()
-    built = [t for t in manifest["targets"]
-             if t["path"]["name"] == path and t["priority"] == priority and t["artifacts"]]
+    picked = {engine: select_weight_path(profile, priority, engine=engine).name
+              for engine in dict.fromkeys(t["engine"] for t in manifest["targets"] if t["priority"] == priority)
+              if engine in engines_for(profile)}
+    built = [t for t in manifest["targets"] if t["priority"] == priority and t["artifacts"]
+             and picked.get(t["engine"]) == t["path"]["name"]]
     if not built:
+        path = picked.get("auto") or select_weight_path(profile, priority).name
         raise EdgepathError(f"the selector picks {path} for this machine ({here['arch']}, {here['kernel_isa']}), but "
                             f"no target of the manifest with priority {priority} has that build; add this device "
                             f"to params.yaml (`edgepath probe --out profiles/<tag>.json`) and run the pipeline")
     best = min(built, key=lambda t: (coverage.stands_for(t["profile"]["summary"], here) is not None,
                                      t["profile"]["summary"]["arch"] != here["arch"]))
-    return best["tag"], (f"this machine ({here['arch']}, {here['kernel_isa']}) gets {path}; {best['tag']} "
+    return best["tag"], (f"this machine ({here['arch']}, {here['kernel_isa']}) gets {best['path']['name']} "
+                         f"(engine {best['engine']}); {best['tag']} "
                          f"({best['profile']['summary']['kernel_isa']}) is built with it")
 
 

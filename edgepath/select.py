@@ -1,13 +1,26 @@
 """Select the weight path a device's fastest faithful kernel needs.
 
-``select_weight_path(profile, priority)`` is the whole decision, in the order
-that matters (``coverage.device_class``): an accelerator decides first (a GPU
-runs bf16; a phone gets an exported ExecuTorch program: QNN for a Qualcomm NPU,
-XNNPACK for any other phone), then the CPU's ISA (AMX tiles take the W4A8
-kernel). The paths themselves are the registry's (``weight_paths``); this
-module adds what depends on the device: the group size for the model's shapes
-and the rationale, a sentence about this device. Whether a path is verified
-is not the selector's to say: the manifest takes it from records.
+``select_weight_path(profile, priority, engine=...)`` is the whole decision, in
+the order that matters (``coverage.device_class``): an accelerator decides first
+(a GPU runs bf16 in vLLM; a phone gets an exported ExecuTorch program: QNN for a
+Qualcomm NPU, XNNPACK for any other phone), then the CPU's ISA (AMX tiles take
+vLLM's W4A8 kernel, other CPUs its tinygemm W4A16), then the engine:
+
+- ``engine`` is the target's wish (``ENGINES``): ``vllm``, ``llama.cpp`` (the
+  ``q4_0-gguf`` build: a CPU's or a phone's CPU), ``executorch`` (a phone), or
+  ``auto``, the default. An engine the device cannot run is refused.
+- ``auto`` on a CPU compares vLLM's path with ``q4_0-gguf`` by what was measured
+  (``weight_paths.TierDecode``, ``HeldOut``): for speed, the faster decode on the
+  CPU's kernel ISA tier, as a ratio to llama.cpp Q4_K_M in the same run; for
+  fidelity, the lower held-out perplexity increase. Where either was not measured
+  it keeps vLLM's path and says so. A phone keeps its ExecuTorch program (no
+  llama.cpp build was measured on a phone's CPU), a GPU vLLM.
+
+The paths themselves are the registry's (``weight_paths``); this module adds
+what depends on the device: the group size for the model's shapes and the
+rationale, a sentence about this device that cites the figures it was chosen by.
+Whether a path is verified is not the selector's to say: the manifest takes it
+from records.
 """
 
 from __future__ import annotations
@@ -23,9 +36,17 @@ from .command import Command
 from .coverage import DeviceClass
 from .errors import EdgepathError
 from .profile import HardwareProfile
-from .weight_paths import Engine, WeightPathSpec
+from .weight_paths import Engine, HeldOut, TierDecode, WeightPathSpec
 
 PRIORITIES = ("speed", "fidelity")
+AUTO = "auto"
+ENGINES = (AUTO, *(e.value for e in Engine))
+# The engines edgepath builds for each kind of device, the one ``auto`` keeps first.
+ENGINES_OF_DEVICE = {DeviceClass.GPU: (Engine.VLLM,), DeviceClass.PHONE: (Engine.EXECUTORCH, Engine.LLAMA_CPP),
+                     DeviceClass.X86_CPU: (Engine.VLLM, Engine.LLAMA_CPP),
+                     DeviceClass.ARM_CPU: (Engine.VLLM, Engine.LLAMA_CPP)}
+GGUF_PATH = "q4_0-gguf"
+"""The build llama.cpp runs: a device that asks for llama.cpp, or that ``auto`` finds faster."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,37 +161,107 @@ def _w4a16_path(p: HardwareProfile, priority: str, linears) -> WeightPath:
     return _selected("w4a16-tinygemm", why, linears)
 
 
+def _vllm_cpu_path(p: HardwareProfile, priority: str, linears) -> WeightPath:
+    if coverage.device_class(p) is DeviceClass.X86_CPU and priority == "speed" and coverage.has_amx(p):
+        return _w4a8_path(p, linears)
+    return _w4a16_path(p, priority, linears)
+
+
+def _gguf_path(p: HardwareProfile, linears, why: str) -> WeightPath:
+    """``q4_0-gguf`` for ``p``, ``why`` being the reason its engine is llama.cpp."""
+    return _selected(GGUF_PATH, (
+        f"{why}, so the {_cpu_desc(p)} gets symmetric GPTQ at group 32 in llama.cpp's Q4_0 blocks (the key and "
+        f"value projections and the embedding at Q8_0), run by llama.cpp's CPU kernels."
+    ), linears)
+
+
+def _with_note(path: WeightPath, note: str) -> WeightPath:
+    return dataclasses.replace(path, notes=(*path.notes, note))
+
+
+def _merit(figure: TierDecode | HeldOut) -> float:
+    """Higher is better: decode as a ratio to llama.cpp Q4_K_M, or less perplexity lost."""
+    return figure.vs_q4_k_m if isinstance(figure, TierDecode) else -figure.mean_increase_pct
+
+
+def _measured_choice(p: HardwareProfile, priority: str, linears, vllm: WeightPath) -> WeightPath:
+    """``engine: auto`` on a CPU: vLLM's path (``vllm``) or the GGUF, whichever measured
+    better for ``priority`` (module docstring); vLLM's where either was not measured."""
+    tier = p.kernel_isa()
+    specs = (vllm.spec, weight_paths.get(GGUF_PATH))
+    if priority == "speed":
+        figures = {s.name: s.decode_on(tier) for s in specs}
+        measure, where = f"decoded faster on its CPU tier ({tier})", f"on this CPU tier ({tier})"
+    else:
+        figures = {s.name: s.held_out for s in specs}
+        measure, where = "lost less perplexity on the held-out genres", "on the held-out genres"
+    missing = [name for name, figure in figures.items() if figure is None]
+    if missing:
+        return _with_note(vllm, (
+            f"engine auto: {' and '.join(missing)} {'was' if len(missing) == 1 else 'were'} not measured {where}, "
+            f"so it keeps vLLM's path; `engine: llama.cpp` in params.yaml gives it {GGUF_PATH}"))
+    compared = f"{GGUF_PATH} {figures[GGUF_PATH]} against {vllm.name} {figures[vllm.name]}"
+    if _merit(figures[vllm.name]) >= _merit(figures[GGUF_PATH]):
+        return _with_note(vllm, f"engine auto: of the two engines' builds, {vllm.name} {measure}: {compared}")
+    return _gguf_path(p, linears, (
+        f"The target's engine is auto and its priority {priority}, and of the two engines' builds for its CPU, "
+        f"llama.cpp's {measure}: {compared}"))
+
+
+def engines_for(profile: HardwareProfile) -> tuple[str, ...]:
+    """The ``engine`` settings a target on ``profile``'s device may have: ``auto`` and the
+    engines edgepath builds for its kind of device."""
+    return (AUTO, *(e.value for e in ENGINES_OF_DEVICE[coverage.device_class(profile)]))
+
+
 def select_weight_path(
     profile: HardwareProfile,
     priority: str = "speed",
     linears: Mapping[str, tuple[int, int]] | None = None,
+    engine: str = AUTO,
 ) -> WeightPath:
     """The weight path for ``profile``. ``linears`` (``{name: (out, in)}`` of the
     layers to quantize, see ``shapes.block_linears``) fixes the group size from
-    the model's shapes; without it the kernel's preferred group size is used."""
+    the model's shapes; without it the kernel's preferred group size is used.
+    ``engine``: one of ``ENGINES`` (module docstring)."""
     if priority not in PRIORITIES:
         raise EdgepathError(f"unknown priority {priority!r}; choose one of {', '.join(PRIORITIES)}")
+    if engine not in ENGINES:
+        raise EdgepathError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
     device = coverage.device_class(profile)
+    if engine not in engines_for(profile):
+        raise EdgepathError(f"engine {engine!r}: edgepath builds nothing in it for a {device.value} device "
+                            f"({_cpu_desc(profile)}); it can have {', '.join(engines_for(profile))}")
+    if engine == Engine.LLAMA_CPP.value:
+        tier = profile.kernel_isa()
+        measured = weight_paths.get(GGUF_PATH).decode_on(tier)
+        return _gguf_path(profile, linears, (
+            f"The target asks for llama.cpp (engine: llama.cpp); on its CPU tier ({tier}) "
+            + (f"this build decoded {measured}" if measured else "no build of it was measured yet")))
     if device is DeviceClass.GPU:
         return _gpu_path(profile)
     if device is DeviceClass.PHONE:
-        return _phone_path(profile)
-    if device is DeviceClass.X86_CPU and priority == "speed" and coverage.has_amx(profile):
-        return _w4a8_path(profile, linears)
-    return _w4a16_path(profile, priority, linears)
+        phone = _phone_path(profile)
+        return phone if engine != AUTO else _with_note(phone, (
+            f"engine auto: no llama.cpp build was measured on a phone's CPU, so it keeps the ExecuTorch program; "
+            f"`engine: llama.cpp` in params.yaml gives it {GGUF_PATH}"))
+    vllm = _vllm_cpu_path(profile, priority, linears)
+    return vllm if engine != AUTO else _measured_choice(profile, priority, linears, vllm)
 
 
 def selection_record(
     tag: str, priority: str, platform: str, profile: HardwareProfile, model_fingerprint: str,
-    path: WeightPath,
+    path: WeightPath, engine: str = AUTO,
 ) -> dict[str, Any]:
-    """The select stage's output: what the manifest needs of one target."""
+    """The select stage's output: what the manifest needs of one target. ``engine``: the
+    engine the target asked for (``path`` names the one it got)."""
     from .records import envelope
 
     return {
         **envelope("selection"),
         "tag": tag,
         "priority": priority,
+        "engine": engine,
         "platform": platform,
         "profile": {"digest": profile.digest(), "summary": profile.summary()},
         "model": {"fingerprint": model_fingerprint},
@@ -183,27 +274,27 @@ def selection_record(
 def _cmd(args: argparse.Namespace) -> None:
     from . import files, fleet, records, shapes
 
-    tag, priority, platform = args.tag, args.priority, args.platform
+    tag, priority, platform, engine = args.tag, args.priority, args.platform, args.engine
     if args.target:
         target = fleet.load(args.params).target(args.target)
-        tag, priority, platform = target.tag, target.priority, target.platform
+        tag, priority, platform, engine = target.tag, target.priority, target.platform, target.engine
     profile = HardwareProfile.from_dict(records.read(files.path_of(args.profile, "--profile"), "profile"))
     linears, fingerprint = None, None
     if args.model is not None:
         model_record = records.read(files.path_of(args.model, "--model"), "model")
         linears = shapes.block_linears({n: t["shape"] for n, t in model_record["tensors"].items()})
         fingerprint = model_record["fingerprint"]
-    path = select_weight_path(profile, priority, linears=linears)
+    path = select_weight_path(profile, priority, linears=linears, engine=engine)
     chosen = path.to_dict()
-    platform = fleet.Target(tag, "", priority, platform).resolve_platform(profile)
+    platform = fleet.Target(tag, "", priority, platform, engine).resolve_platform(profile)
     fleet.check_platform(tag, platform, chosen, profile)
     if args.out is not None and fingerprint is None:
         raise EdgepathError("select --out writes a selection record, which needs --model")
     if args.out is not None:
-        record = selection_record(tag, priority, platform, profile, fingerprint, path)
+        record = selection_record(tag, priority, platform, profile, fingerprint, path, engine)
         records.write(args.out, "selection", record)
-        print(f"select@{tag}: {path.name} ({chosen['quantization'] or 'no vLLM quantization'}"
-              f"{f', group {path.group_size}' if path.group_size else ''}) -> {args.out}")
+        print(f"select@{tag}: {path.name} (in {chosen['engine']}{f', group {path.group_size}' if path.group_size else ''})"
+              f" -> {args.out}")
     else:
         sys.stdout.write(records.dumps(chosen))
 
@@ -211,9 +302,10 @@ def _cmd(args: argparse.Namespace) -> None:
 def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", required=True, help="profile record (from `edgepath probe`)")
     p.add_argument("--priority", default="speed", help="speed (default) or fidelity")
+    p.add_argument("--engine", default=AUTO, help=f"{', '.join(ENGINES)} (default: {AUTO})")
     p.add_argument("--platform", default="auto", help="container platform (default: from the profile)")
     p.add_argument("--tag", default="device", help="device tag recorded in the selection")
-    p.add_argument("--target", help="take tag, priority and platform from this target in the params file")
+    p.add_argument("--target", help="take tag, priority, engine and platform from this target in the params file")
     p.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
     p.add_argument("--model", help="model record (from `edgepath model`)")
     p.add_argument("--out", help="write the selection record here (default: print the path)")
@@ -222,12 +314,15 @@ def _arguments(p: argparse.ArgumentParser) -> None:
 COMMAND = Command("select", "choose a device's weight path", """\
     Choose the weight path for a device profile, with the reason.
 
-    AMX x86 CPUs get w4a8-amx (GPTQ, vLLM's int4 x int8 kernel) for speed;
-    other x86 CPUs, priority 'fidelity' and Arm CPUs get w4a16-tinygemm
-    (Arm flagged unverified); a phone gets an ExecuTorch export (w8a16-qnn with
-    a Qualcomm NPU, w4a8-xnnpack otherwise); CUDA GPUs
-    run bf16 (fp16 without bf16). --model fixes the group size from the
-    model's layer shapes; --out writes the selection record the manifest reads.
+    In vLLM, AMX x86 CPUs get w4a8-amx (GPTQ, vLLM's int4 x int8 kernel) for
+    speed; other x86 CPUs, priority 'fidelity' and Arm CPUs get w4a16-tinygemm;
+    a phone gets an ExecuTorch export (w8a16-qnn with a Qualcomm NPU,
+    w4a8-xnnpack otherwise); CUDA GPUs run bf16 (fp16 without bf16). With
+    --engine llama.cpp a CPU or a phone gets q4_0-gguf; with --engine auto (the
+    default) a CPU gets whichever of its vLLM path and q4_0-gguf measured better
+    for the priority on its CPU tier, the figures cited in the rationale. --model
+    fixes the group size from the model's layer shapes; --out writes the
+    selection record the manifest reads.
 
     examples: edgepath select --profile profiles/x86-avx2.json
               edgepath select --target host --profile build/profiles/host.json \\

@@ -67,6 +67,36 @@ class Evidence:
 
 
 @dataclasses.dataclass(frozen=True)
+class TierDecode:
+    """A path's batch-1 decode on one CPU kernel ISA tier (``HardwareProfile.kernel_isa``),
+    with llama.cpp Q4_K_M's measured beside it in the same interleaved run: the ratio, not
+    the tok/s, compares runs on different days and hosts of one tier. The selector's
+    ``engine: auto`` compares paths by it."""
+
+    tier: str
+    tok_s: float
+    vs_q4_k_m: float
+    measured: str
+    """What ran, where and when, and the record that holds it."""
+
+    def __str__(self) -> str:
+        return f"{self.tok_s:.1f} tok/s, {self.vs_q4_k_m:.2f}x llama.cpp Q4_K_M ({self.measured})"
+
+
+@dataclasses.dataclass(frozen=True)
+class HeldOut:
+    """A path's perplexity increase over bf16 on the held-out genres (``genres``), scored
+    in its own engine in one benchmark run: the mean, and the worst genre."""
+
+    mean_increase_pct: float
+    worst: str
+    measured: str
+
+    def __str__(self) -> str:
+        return f"+{self.mean_increase_pct:.2f} % mean, worst {self.worst} ({self.measured})"
+
+
+@dataclasses.dataclass(frozen=True)
 class VllmKernel:
     """The operator vLLM's CPU backend runs for one checkpoint format in one activation
     mode, and the engine check's pass mark for it: teacher-forced top-1 agreement with
@@ -136,6 +166,10 @@ class WeightPathSpec:
     """What a user of the path should know, whatever the device."""
     evidence: tuple[Evidence, ...] = ()
     """The measurements behind this record's defaults."""
+    decode: tuple[TierDecode, ...] = ()
+    """Its measured decode, one entry per CPU tier it was measured on."""
+    held_out: HeldOut | None = None
+    """Its measured fidelity on the held-out genres."""
 
     def __post_init__(self) -> None:
         assert not (self.group_rule and self.fixed_group), f"{self.name}: a group rule or a fixed group, not both"
@@ -146,6 +180,7 @@ class WeightPathSpec:
         assert self.engine is not Engine.LLAMA_CPP or self.checkpoint_format == "gguf", \
             f"{self.name}: llama.cpp reads GGUF files"
         assert dict(self.engine_env).get("VLLM_CPU_INT4_W4A8", "0") in ("0", "1")
+        assert len({d.tier for d in self.decode}) == len(self.decode), f"{self.name}: one decode figure per tier"
 
     @property
     def w4a8(self) -> bool:
@@ -179,6 +214,10 @@ class WeightPathSpec:
         (their kernels and the plugin) and the GGUFs (llama.cpp against the file's weights)."""
         return self.built_by is Stage.QUANTIZE
 
+    def decode_on(self, tier: str) -> TierDecode | None:
+        """Its decode measured on CPU tier ``tier``; None where it was not measured there."""
+        return next((d for d in self.decode if d.tier == tier), None)
+
     def bits_per_weight(self, group: int | None) -> float:
         """Storage bits per quantized weight, the group's scales and zeros included."""
         return self.weight_bits + (self.group_overhead_bits / group if group else 0)
@@ -198,6 +237,11 @@ class WeightPathSpec:
 # XNNPACK 8da4w weight group: divides every SmolLM2/Llama width (576, 1536) and is
 # the group optimum-executorch's xnnpack recipe uses.
 XNNPACK_GROUP_SIZE = 32
+
+# Where the builds' own figures were measured (benchmarks/results/): SmolLM2-135M, 2 cores.
+_AVX2_RUN = "benchmark stage, AMD EPYC (AVX2), 2 cores, 2026-12-03; benchmarks/results/builds.md"
+_ZEN4_RUN = "benchmark stage, AMD EPYC Zen 4, 2 cores, 2026-12-05; benchmarks/results/engine_auto.md"
+_HELD_OUT_RUN = "16 x 512 held-out tokens per genre, each in its own engine; " + _ZEN4_RUN
 
 _FUSED_NORMS_OFF = Evidence(
     "vLLM's fused CPU rms_norm kernels are 3.6-4.5x faster per call and slower end to end (they break "
@@ -240,6 +284,9 @@ PATHS: Mapping[str, WeightPathSpec] = {p.name: p for p in (
                      "decodes 34-38 tok/s against bf16's ~31; tinygemm reads the 4-bit weights",
                      "measured here: vllm-cpu 0.32.0, SmolLM2-135M, 2 cores, compiled"),
             _FUSED_NORMS_OFF),
+        decode=(TierDecode("x86_64 AVX2", 39.1, 0.45, _AVX2_RUN),
+                TierDecode("x86_64 AVX512-BF16", 77.3, 0.59, _ZEN4_RUN)),
+        held_out=HeldOut(6.61, "prose +9.46 %", _HELD_OUT_RUN),
     ),
     WeightPathSpec(
         name="q4_0-gguf", engine=Engine.LLAMA_CPP, built_by=Stage.QUANTIZE,
@@ -260,6 +307,11 @@ PATHS: Mapping[str, WeightPathSpec] = {p.name: p for p in (
                      "Q4_K_M at batch 1", "measured here: SmolLM2-135M, 2 cores, an AVX2 and a Zen 4 host"),
             Evidence("llama.cpp's teacher-forced top-1 on the file against PyTorch on the same weights: "
                      "0.95-0.98 per genre", "measured here: llama-cpp-python 0.3.36, SmolLM2-135M, Zen 4")),
+        # on AVX2, llama.cpp's own Q4_0 file: the Q4_0 kernels this file's blocks run (its Q8_0
+        # key and value projections cost 2.5 % of Q4_0's decode on Zen 4, engine_auto.md)
+        decode=(TierDecode("x86_64 AVX2", 117.2, 1.36, "llama.cpp's Q4_0 file, " + _AVX2_RUN),
+                TierDecode("x86_64 AVX512-BF16", 172.3, 1.32, _ZEN4_RUN)),
+        held_out=HeldOut(4.46, "prose +5.49 %", _HELD_OUT_RUN),
     ),
     WeightPathSpec(
         name="w8a16-qnn", engine=Engine.EXECUTORCH, built_by=Stage.EXPORT,

@@ -211,7 +211,7 @@ def manifest(d: Path, artifacts: list[dict]) -> None:
             "engine_kwargs": {}, "engine_env": {}, "activations": "bf16", "dtype": "bfloat16", "fallback": None,
             "evidence": []}
     digest = "sha256:" + "0" * 64
-    entry = {"tag": "dev", "platform": "linux/amd64", "priority": "speed",
+    entry = {"tag": "dev", "platform": "linux/amd64", "priority": "speed", "engine": "auto",
              "profile": {"digest": digest, "summary": summary}, "path": path,
              "build": {"state": "built", "detail": "built here"},
              "verification": {"verified": False, "state": "not run here", "detail": "a test", "record": None},

@@ -16,7 +16,7 @@ from edgepath import benchmark, manifest, patch_verify, records
 from edgepath.fidelity import headline
 from edgepath.errors import EdgepathError
 from edgepath.profile import HardwareProfile
-from edgepath.select import select_weight_path, selection_record
+from edgepath.select import engines_for, select_weight_path, selection_record
 
 ROOT = Path(__file__).resolve().parent.parent
 FINGERPRINT = "sha256:" + "ab" * 32
@@ -26,8 +26,11 @@ def _profile(name: str) -> HardwareProfile:
     return HardwareProfile.from_json((ROOT / "profiles" / f"{name}.json").read_text())
 
 
-def _selection(tag: str, profile: HardwareProfile) -> dict:
-    return selection_record(tag, "speed", "linux/amd64", profile, FINGERPRINT, select_weight_path(profile, "speed"))
+def _selection(tag: str, profile: HardwareProfile, engine: str = "vllm") -> dict:
+    """``tag``'s selection in ``engine``, or ``auto`` where the device cannot run it (a phone)."""
+    engine = engine if engine in engines_for(profile) else "auto"
+    return selection_record(tag, "speed", "linux/amd64", profile, FINGERPRINT,
+                            select_weight_path(profile, "speed", engine=engine), engine)
 
 
 BF16_PERPLEXITY = {"code": 4.0, "dialogue": 8.0, "docs": 12.0, "lists": 6.0, "prose": 20.0}
@@ -124,6 +127,13 @@ def test_a_target_is_measured_here_only_on_a_cpu_of_this_hosts_kind():
     for device in ("phone-npu", "gpu-cuda"):
         state, arm, detail = manifest.measurement(_selection(device, _profile(device)), record, [])
         assert (state, arm) == ("not measured here", None) and "lacks" in detail
+    # a target whose engine is llama.cpp is measured by its GGUF build's arm, like any build
+    gguf = _arm("q4_0-gguf", "build", 120, 900, Q4_K_M, 0)
+    record = _record(_profile("x86-avx2"), [*_arms(), gguf])
+    state, arm, _ = manifest.measurement(_selection("avx2", _profile("x86-avx2"), "llama.cpp"), record, [])
+    assert (state, arm["name"], arm["ratios"]["decode_vs_llama_q4_k_m"]) == ("measured", "q4_0-gguf", 1.5)
+    state, arm, detail = manifest.measurement(_selection("arm", _profile("arm64-server"), "llama.cpp"), record, [])
+    assert arm is None and "aarch64" in detail
 
 
 def test_fidelity_per_genre_from_scores_and_greedy_tokens():

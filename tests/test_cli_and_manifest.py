@@ -36,8 +36,11 @@ def test_probe_then_select_outside_dvc(tmp_path):
     records.read(profile, "profile")
     path = json.loads(edgepath("select", "--profile", profile).stdout)
     assert path["name"] == "w4a8-amx" and path["engine_kwargs"] == {"quantization": "gptq"}
-    fidelity = json.loads(edgepath("select", "--profile", profile, "--priority", "fidelity").stdout)
+    fidelity = json.loads(edgepath("select", "--profile", profile, "--priority", "fidelity", "--engine", "vllm").stdout)
     assert fidelity["name"] == "w4a16-tinygemm"
+    # auto compares the builds' held-out fidelity, which the registry holds for both engines
+    auto = json.loads(edgepath("select", "--profile", profile, "--priority", "fidelity").stdout)
+    assert (auto["name"], auto["engine"]) == ("q4_0-gguf", "llama.cpp") and "lost less perplexity" in auto["rationale"]
 
 
 def test_bad_input_exits_2_with_a_message_and_writes_nothing(tmp_path):
@@ -114,7 +117,7 @@ def test_a_command_error_is_one_line_and_exit_2(capsys):
 
 
 def test_run_runs_a_stage_here():
-    path = json.loads(edgepath("run", "select", "--profile", ROOT / "profiles/x86-avx2.json").stdout)
+    path = json.loads(edgepath("run", "select", "--profile", ROOT / "profiles/x86-avx2.json", "--engine", "vllm").stdout)
     assert path["name"] == "w4a16-tinygemm"
     done = edgepath("run", "select", "--profile", ROOT / "profiles/arm64-server.json", "--platform", "linux/amd64",
                     check=False)

@@ -24,6 +24,9 @@ def test_shipped_params_are_valid():
     assert params.targets["host"].profile == fleet.PROBE
     assert params.model_source == "embedded"
     assert params.quantize["paths"] == ["w4a8-amx", "w4a16-tinygemm", "q4_0-gguf"]
+    # a target without an engine lets the selector choose; arm64-server asks for llama.cpp
+    assert {t.engine for tag, t in params.targets.items() if tag != "arm64-server"} == {"auto"}
+    assert params.targets["arm64-server"].engine == "llama.cpp"
 
 
 def test_a_namespace_is_read_without_the_fleet(tmp_path):
@@ -59,6 +62,7 @@ def mutate(data, tag, **fields):
 @pytest.mark.parametrize("change, message", [
     (lambda d: mutate(d, "x86-avx2", priority="fast"), r"targets\.x86-avx2\.priority: 'fast'"),
     (lambda d: mutate(d, "x86-avx2", platform="windows/amd64"), r"x86-avx2\.platform"),
+    (lambda d: mutate(d, "x86-avx2", engine="tgi"), r"targets\.x86-avx2\.engine: 'tgi'"),
     (lambda d: mutate(d, "x86-avx2", profile="profiles/nope.json"), r"no such profile file 'profiles/nope.json'"),
     (lambda d: mutate(d, "x86-avx2", profile="/etc/passwd"), r"targets\.x86-avx2\.profile: '/etc/passwd' is not a path "
                                                               r"inside the repository"),

@@ -154,6 +154,9 @@ def test_the_schema_choices_are_the_code_choices():
     target = records.schema("params")["$defs"]["target"]["properties"]
     assert target["priority"]["enum"] == list(select.PRIORITIES)
     assert target["platform"]["enum"] == [*fleet.PLATFORMS, fleet.AUTO]
+    assert target["engine"]["enum"] == list(select.ENGINES) == \
+        records.schema("selection")["properties"]["engine"]["enum"]
+    assert select.ENGINES[0] == fleet.AUTO == fleet.Target("t", "probe", "speed", "auto").engine
     assert _properties("quantize", "head")["enum"] == list(quantize.HEADS)
     assert _properties("quantize", "gptq", "search")["enum"] == list(quantize.SEARCH_NAMES)
     assert set(quantize.OVERRIDES) == {"samples", "length", "search", "head"}

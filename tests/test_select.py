@@ -6,7 +6,7 @@ from edgepath import coverage, probe, shapes, weight_paths
 from edgepath.errors import EdgepathError
 from edgepath.profile import HardwareProfile
 from edgepath.coverage import has_amx
-from edgepath.select import select_weight_path
+from edgepath.select import AUTO, GGUF_PATH, select_weight_path
 
 from .conftest import HOSTS
 
@@ -18,6 +18,10 @@ PHONE = HardwareProfile(arch="aarch64", accelerator="npu:qualcomm", npu_driver="
 GPU = HardwareProfile(arch="x86_64", accelerator="cuda_discrete", gpu_name="NVIDIA L4", supports_bf16=True)
 OLD_GPU = HardwareProfile(arch="x86_64", accelerator="cuda_discrete", gpu_name="Tesla T4", supports_bf16=False)
 JETSON = HardwareProfile(arch="aarch64", accelerator="cuda_unified", gpu_name="Orin", supports_bf16=True)
+# CPUs of the kernel ISA tiers edgepath's builds were measured on (``HardwareProfile.kernel_isa``)
+AVX2_TIER = HardwareProfile(arch="x86_64", cpu_model="EPYC 7B13", cpu_flags=["avx2", "fma"])
+ZEN4_TIER = HardwareProfile(arch="x86_64", cpu_model="EPYC 9B14", cpu_flags=[
+    "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16", "avx512_vnni"])
 
 # SmolLM2-135M's decoder linears: input sizes 576 and 1536.
 SMOLLM2 = {
@@ -28,7 +32,7 @@ SMOLLM2 = {
 
 
 def test_amx_speed_gets_w4a8_gptq():
-    p = select_weight_path(AMX, "speed")
+    p = select_weight_path(AMX, "speed", engine="vllm")
     assert (p.name, p.spec.quantization, p.spec.engine) == ("w4a8-amx", "gptq", weight_paths.Engine.VLLM)
     assert p.as_engine_kwargs() == {"quantization": "gptq"}
     assert p.as_engine_env() == {"VLLM_CPU_INT4_W4A8": "1"}
@@ -37,15 +41,15 @@ def test_amx_speed_gets_w4a8_gptq():
 
 
 @pytest.mark.parametrize("profile, priority", [(AMX, "fidelity"), (AVX2, "speed"), (AVX2, "fidelity")])
-def test_x86_without_amx_or_fidelity_gets_w4a16(profile, priority):
-    p = select_weight_path(profile, priority)
+def test_x86_without_amx_or_fidelity_gets_w4a16_in_vllm(profile, priority):
+    p = select_weight_path(profile, priority, engine="vllm")
     assert (p.name, p.spec.quantization, p.spec.activations) == ("w4a16-tinygemm", "cpu_int4", "bfloat16")
     assert p.as_engine_kwargs() == {"quantization": "cpu_int4"}
     assert p.as_engine_env() == {"VLLM_CPU_INT4_W4A8": "0"}
 
 
-def test_arm_gets_bf16_activation_4bit_and_says_its_kernel_differs():
-    p = select_weight_path(ARM)
+def test_arm_gets_bf16_activation_4bit_in_vllm_and_says_its_kernel_differs():
+    p = select_weight_path(ARM, engine="vllm")
     assert p.spec.quantization == "cpu_int4" and p.spec.activations == "bfloat16"
     assert "Arm" in p.rationale and "different kernel" in p.rationale
     # whether it is verified is the manifest's, from records; the selection claims nothing
@@ -83,7 +87,7 @@ def test_phone_without_a_usable_npu_gets_the_xnnpack_export(change, why):
 
 def test_an_arm_cpu_without_npu_or_android_kernel_is_no_phone():
     server = dataclasses.replace(PHONE, accelerator="none", npu_driver=None, kernel_release="6.1.0-1009-aws")
-    assert select_weight_path(server).name == "w4a16-tinygemm"
+    assert select_weight_path(server, engine="vllm").name == "w4a16-tinygemm"
 
 
 @pytest.mark.parametrize("profile, name, dtype", [(GPU, "bf16", "bfloat16"), (OLD_GPU, "fp16", "float16"),
@@ -110,7 +114,7 @@ def test_has_amx_only_on_x86():
 def test_has_amx_respects_torch_check_that_denies_it():
     denied = dataclasses.replace(AMX, torch_amx_tile_supported=False)
     assert not has_amx(denied)
-    assert select_weight_path(denied).name == "w4a16-tinygemm"
+    assert select_weight_path(denied, engine="vllm").name == "w4a16-tinygemm"
 
 
 def test_unknown_priority_is_refused():
@@ -123,9 +127,11 @@ def test_unknown_architecture_is_refused():
         select_weight_path(HardwareProfile(arch="riscv64"))
 
 
-@pytest.mark.parametrize("profile", [AMX, AVX2, ARM, PHONE, GPU, OLD_GPU])
-def test_every_rationale_is_a_sentence_about_this_device(profile):
-    p = select_weight_path(profile)
+@pytest.mark.parametrize("profile, engine", [
+    *((p, AUTO) for p in (AMX, AVX2, AVX2_TIER, ZEN4_TIER, ARM, PHONE, GPU, OLD_GPU)),
+    *((p, e) for p in (AMX, AVX2_TIER, ZEN4_TIER, ARM) for e in ("vllm", "llama.cpp"))])
+def test_every_rationale_is_a_sentence_about_this_device(profile, engine):
+    p = select_weight_path(profile, engine=engine)
     assert p.rationale[0].isupper() and p.rationale.endswith(".") and len(p.rationale.split()) > 12
     assert (profile.gpu_name or profile.cpu_model or profile.accelerator.split(":")[-1]) in p.rationale
 
@@ -157,13 +163,85 @@ def test_block_linears_skip_embeddings_norms_and_head():
     assert shapes.block_linears(tensors) == {"model.layers.0.mlp.up_proj.weight": (1536, 576)}
 
 
-@pytest.mark.parametrize("host, name", [
+@pytest.mark.parametrize("host, in_vllm", [
     ("xeon-8480c-8vcpu", "w4a8-amx"), ("ryzen-5800x-desktop", "w4a16-tinygemm"),
     ("amd-epyc-zen4-2vcpu", "w4a16-tinygemm"), ("graviton3-16vcpu", "w4a16-tinygemm"),
-    ("snapdragon-8gen3-phone", "w8a16-qnn"), ("epyc-l4-gpu", "bf16"),
 ])
-def test_probed_snapshots_select_their_paths(host, name):
+def test_probed_cpu_snapshots_select_their_paths(host, in_vllm):
+    profile = probe.probe(HOSTS / host)
+    assert select_weight_path(profile, engine="vllm").name == in_vllm
+    assert select_weight_path(profile, engine="llama.cpp").name == GGUF_PATH
+    measured = [weight_paths.get(n).decode_on(profile.kernel_isa()) for n in (in_vllm, GGUF_PATH)]
+    faster = in_vllm if None in measured or measured[0].vs_q4_k_m >= measured[1].vs_q4_k_m else GGUF_PATH
+    assert select_weight_path(profile).name == faster
+
+
+@pytest.mark.parametrize("host, name", [("snapdragon-8gen3-phone", "w8a16-qnn"), ("epyc-l4-gpu", "bf16")])
+def test_probed_accelerator_snapshots_select_their_paths(host, name):
     assert select_weight_path(probe.probe(HOSTS / host)).name == name
+
+
+@pytest.mark.parametrize("profile", [AMX, AVX2_TIER, ZEN4_TIER, ARM, PHONE, dataclasses.replace(PHONE, accelerator="none")])
+def test_engine_llama_cpp_gives_a_cpu_or_a_phone_cpu_the_gguf(profile):
+    p = select_weight_path(profile, "speed", linears=SMOLLM2, engine="llama.cpp")
+    assert (p.name, p.spec.engine, p.group_size, p.as_engine_kwargs()) == (GGUF_PATH, weight_paths.Engine.LLAMA_CPP,
+                                                                          32, {})
+    assert "asks for llama.cpp" in p.rationale and profile.kernel_isa() in p.rationale
+    measured = p.spec.decode_on(profile.kernel_isa())
+    assert (str(measured) in p.rationale) if measured else "no build of it was measured" in p.rationale
+
+
+@pytest.mark.parametrize("profile, engine", [(GPU, "llama.cpp"), (GPU, "executorch"), (PHONE, "vllm"),
+                                             (AMX, "executorch"), (ARM, "executorch")])
+def test_an_engine_the_device_cannot_run_is_refused(profile, engine):
+    with pytest.raises(EdgepathError, match=f"engine '{engine}'.*it can have"):
+        select_weight_path(profile, engine=engine)
+
+
+def test_an_unknown_engine_is_refused():
+    with pytest.raises(EdgepathError, match="unknown engine 'tgi'; choose one of auto, vllm, llama.cpp, executorch"):
+        select_weight_path(AMX, engine="tgi")
+
+
+@pytest.mark.parametrize("profile", [AMX, AVX2_TIER, ZEN4_TIER, ARM])
+@pytest.mark.parametrize("priority", ["speed", "fidelity"])
+def test_auto_takes_the_build_measured_better_for_the_priority_or_keeps_vllms(profile, priority):
+    """On a CPU, auto compares vLLM's path with the GGUF by the registry's measurements:
+    decode on the CPU's tier for speed, held-out perplexity for fidelity; where either
+    was not measured it keeps vLLM's path and says so. The rationale cites both figures."""
+    vllm, gguf = (select_weight_path(profile, priority, engine=e) for e in ("vllm", "llama.cpp"))
+    tier = profile.kernel_isa()
+    if priority == "speed":
+        figures = [vllm.spec.decode_on(tier), gguf.spec.decode_on(tier)]
+        merit = [f.vs_q4_k_m if f else None for f in figures]
+    else:
+        figures = [vllm.spec.held_out, gguf.spec.held_out]
+        merit = [-f.mean_increase_pct if f else None for f in figures]
+    chosen = select_weight_path(profile, priority)
+    if None in merit:
+        assert chosen.name == vllm.name and chosen.rationale == vllm.rationale
+        assert "engine auto" in chosen.notes[-1] and "not measured" in chosen.notes[-1]
+    elif merit[1] > merit[0]:
+        assert chosen.name == GGUF_PATH and "engine is auto" in chosen.rationale
+        assert str(figures[0]) in chosen.rationale and str(figures[1]) in chosen.rationale
+    else:
+        assert chosen.name == vllm.name and str(figures[1]) in chosen.notes[-1]
+
+
+def test_auto_has_a_measured_choice_on_the_tiers_the_builds_were_measured_on():
+    """The registry holds both builds' decode on the AVX2 and Zen 4 tiers, so auto decides
+    there by measurement (not by the fallback), and both builds' held-out fidelity."""
+    for profile in (AVX2_TIER, ZEN4_TIER):
+        assert weight_paths.get("w4a16-tinygemm").decode_on(profile.kernel_isa()) is not None
+        assert weight_paths.get(GGUF_PATH).decode_on(profile.kernel_isa()) is not None
+        assert not any("not measured" in n for n in select_weight_path(profile).notes)
+    assert weight_paths.get("w4a16-tinygemm").held_out and weight_paths.get(GGUF_PATH).held_out
+
+
+@pytest.mark.parametrize("profile", [PHONE, GPU])
+def test_auto_keeps_a_phones_program_and_a_gpus_vllm(profile):
+    assert select_weight_path(profile).name == select_weight_path(
+        profile, engine="executorch" if profile is PHONE else "vllm").name
 
 
 def test_every_registry_path_is_consistent():
@@ -189,8 +267,8 @@ def test_every_registry_path_is_consistent():
 
 
 def test_selection_records_name_engine_and_builder_not_prose():
-    for profile in (AMX, AVX2, ARM, PHONE, GPU):
-        d = select_weight_path(profile).to_dict()
+    for profile, engine in [(p, AUTO) for p in (AMX, AVX2, ZEN4_TIER, ARM, PHONE, GPU)] + [(ARM, "llama.cpp")]:
+        d = select_weight_path(profile, engine=engine).to_dict()
         spec = weight_paths.get(d["name"])
         assert (d["engine"], d["built_by"]) == (spec.engine.value, spec.built_by.value)
         assert d["runs_in_vllm"] == (spec.engine is weight_paths.Engine.VLLM)
