@@ -87,6 +87,10 @@ def _gguf_check_summary(check: dict[str, Any]) -> dict[str, Any]:
             "top1_vs_bf16": None, "note": f"against {check['reference']}"}
 
 
+# The record a quantize-stage build's own check writes, by kind, as the manifest summarizes it.
+_CHECK_SUMMARIES = {"engine_check": _vllm_check_summary, "gguf_check": _gguf_check_summary}
+
+
 def _quantization_summary(report: dict[str, Any], engine_check: dict[str, Any]) -> dict[str, Any]:
     return {
         "group_size": report["format"]["group_size"],
@@ -131,11 +135,10 @@ def _build(selection: dict[str, Any], model_record: dict[str, Any], model_dir: P
         if report["model"]["fingerprint"] != model_record["fingerprint"]:
             raise EdgepathError(f"{built}: quantized from another model (fingerprint differs); re-run quantize@{name}")
         kind = "gguf_check" if selection["path"]["engine"] == Engine.LLAMA_CPP.value else "engine_check"
-        check = records.read(built / records.FILE_NAMES[kind], kind)
-        summary = _gguf_check_summary(check) if kind == "gguf_check" else _vllm_check_summary(check)
+        summary = _CHECK_SUMMARIES[kind](records.read(built / records.FILE_NAMES[kind], kind))
         artifacts = [_artifact(f, base, weights_dir) for f in sorted(built.iterdir()) if f.is_file()]
-        checked = (f"engine check not run on the build host: {check['not_run']}" if summary["not_run"]
-                   else f"{summary['engine']} check {'passed' if check['passed'] else 'FAILED'}")
+        checked = (f"engine check not run on the build host: {summary['not_run']}" if summary["not_run"]
+                   else f"{summary['engine']} check {'passed' if summary['passed'] else 'FAILED'}")
         return ({"state": "built", "detail": f"quantize@{name}: {report['format']['quant_method']} checkpoint, "
                  f"{checked}"},
                 artifacts, _quantization_summary(report, summary))
