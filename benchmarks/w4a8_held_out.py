@@ -19,12 +19,9 @@ Results go to benchmarks/results/w4a8_held_out.json and are printed as a table.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
-import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -41,10 +38,9 @@ def main() -> None:
     parser.add_argument("--results", default=str(ROOT / "benchmarks" / "results" / "w4a8_held_out.json"))
     args = parser.parse_args()
 
-    import torch
     from transformers import AutoTokenizer
 
-    from edgepath import calibration, files, fleet
+    from edgepath import atomic, calibration, files, fidelity, fleet
     from edgepath.engines.vllm_cpu import VllmCpu
     from edgepath.probe import probe
 
@@ -65,7 +61,7 @@ def main() -> None:
     sets = calibration.held_out_genres(tokenizer, calibration.load_corpus(text.corpus, list(text.holdout)),
                                        windows, length)
     for genre, ids in sets.items():  # the token ids the reference scored, or no comparison
-        if hashlib.sha256(ids.to(torch.int64).numpy().tobytes()).hexdigest() != evaluation["tokens_sha256"][genre]:
+        if calibration.tokens_sha256(ids) != evaluation["tokens_sha256"][genre]:
             raise SystemExit(f"{genre}: these held-out windows are not the ones {args.reference} scored")
     started = time.monotonic()
     # compiled, as the benchmark stage runs every vLLM arm: eager mode rounds differently
@@ -76,25 +72,22 @@ def main() -> None:
         nll = [x for seq in engine.score(ids.tolist())["nll"] for x in seq]
         perplexity = math.exp(sum(nll) / len(nll))
         genres[genre] = {"perplexity": round(perplexity, 3),
-                         "increase_pct": round(100 * (perplexity / bf16[genre]["perplexity"] - 1), 2)}
+                         "increase_pct": round(fidelity.increase_percent(perplexity, bf16[genre]["perplexity"]), 2)}
         print(f"w4a8_held_out: {genre}: {genres[genre]['increase_pct']:+.2f} % over bf16, "
               f"{time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
-    mean = round(sum(g["increase_pct"] for g in genres.values()) / len(genres), 2)
-    worst = max(genres, key=lambda g: genres[g]["increase_pct"])
+    headline = fidelity.headline({genre: g["increase_pct"] for genre, g in genres.items()})
+    mean = headline["mean_increase_pct"]
     record = {
         "command": "python benchmarks/" + Path(__file__).name + " " + " ".join(sys.argv[1:]),
         "date": time.strftime("%Y-%m-%d"), "host": host, "checkpoint": str(checkpoint),
         "quantization_report": files.read_json(checkpoint / "quantization_report.json")["format"],
         "w4a8_gate_lifted": engine.w4a8_gate_lifted, "layer_modes": engine.layer_modes(),
         "windows_per_genre": windows, "length": length, "reference": args.reference,
-        "genres": genres, "mean_increase_pct": mean, "worst": {"genre": worst, **genres[worst]},
+        "genres": genres, **headline,
         "q4_k_m_mean_increase_pct": q4_k_m["mean_increase_pct"],
         "vs_q4_k_m": round(mean / q4_k_m["mean_increase_pct"], 2),
     }
-    results = Path(args.results)
-    with tempfile.NamedTemporaryFile("w", dir=results.parent, delete=False, suffix=".tmp") as f:
-        json.dump(record, f, indent=2)
-    os.replace(f.name, results)
+    atomic.write_text(args.results, json.dumps(record, indent=2))
     print("| genre | perplexity | over vLLM bf16 |\n|---|---|---|")
     for genre, g in genres.items():
         print(f"| {genre} | {g['perplexity']} | {g['increase_pct']:+.2f} % |")

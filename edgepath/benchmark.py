@@ -543,12 +543,9 @@ def run(paths: list[str], model_record_path: str | os.PathLike, weights_dir: str
     """The stage (module docstring) over the 4-bit ``paths``: writes ``out/`` (record,
     metrics, CSVs) and returns the record. ``corpus``, ``holdout``: what the builds were
     calibrated on (params.yaml's ``calibration``), which evaluation leaves out."""
-    import hashlib
-
-    import torch
     from transformers import AutoTokenizer
 
-    from .calibration import held_out_genres, held_out_record, load_corpus
+    from .calibration import held_out_genres, held_out_record, load_corpus, tokens_sha256
     from .prompts import fixed_prompt_ids
 
     started = time.monotonic()
@@ -575,8 +572,7 @@ def run(paths: list[str], model_record_path: str | os.PathLike, weights_dir: str
     prompts = fixed_prompt_ids(tokenizer)
     evaluation = {"calibration_corpus": corpus, "held_out": held_out_record(calibrated_on),
                   "windows_per_genre": settings.windows, "length": settings.length,
-                  "tokens_sha256": {genre: hashlib.sha256(rows.to(torch.int64).numpy().tobytes()).hexdigest()
-                                    for genre, rows in sorted(sets.items())},
+                  "tokens_sha256": {genre: tokens_sha256(rows) for genre, rows in sorted(sets.items())},
                   "prefill": prefill_source}
 
     bandwidth = read_bandwidth()

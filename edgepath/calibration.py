@@ -130,8 +130,14 @@ class CalibrationSet:
             "chat_samples": self.chat_samples,
             **by_genre,
             "seed": self.seed,
-            "tokens_sha256": hashlib.sha256(self.tokens.to(torch.int64).numpy().tobytes()).hexdigest(),
+            "tokens_sha256": tokens_sha256(self.tokens),
         }
+
+
+def tokens_sha256(tokens: torch.Tensor) -> str:
+    """The sha256 of token ids as little-endian int64: how records name the exact ids a
+    calibration or evaluation used, so that another run can check it scores the same."""
+    return hashlib.sha256(tokens.to(torch.int64).numpy().tobytes()).hexdigest()
 
 
 def _require_chat_template(tokenizer, why: str) -> None:
