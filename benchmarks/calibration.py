@@ -50,7 +50,7 @@ class Variant:
     length: int = 256
     damp: float = 0.05
     symmetric: bool = True
-    """The grid: symmetric (``w4a8-amx``'s) or asymmetric (``w4a16-tinygemm``'s)."""
+    """The grid: symmetric (``w4a8-gptq``'s) or asymmetric (``w4a16-tinygemm``'s)."""
     search: str = "output-error"
     signed: bool = False
     """The symmetric scale's sign searched too (``gptq.ScaleSearch.signed``; the product's
@@ -284,7 +284,7 @@ def main() -> None:
         if calibration.held_out_record(corpus)["dropped"]:
             raise SystemExit(f"{name}: its corpus calibrates on a held-out document; the figures would not compare")
         calib = calibration.calibration_set(tokenizer, corpus, v.samples, v.length, v.chat_fraction, seed=0)
-        path = weight_paths.get("w4a8-amx" if v.symmetric else "w4a16-tinygemm")
+        path = weight_paths.get("w4a8-gptq" if v.symmetric else "w4a16-tinygemm")
         group = v.group or path.group_size({**linears, **({"lm_head": tuple(base.lm_head.weight.shape)}
                                                            if v.head == "int4" else {})})[0]
         model = copy.deepcopy(base)

@@ -36,7 +36,7 @@ VARIANTS = (  # name, search, head
 def quantize(model_record: Path, out: Path, search: str, head: str, samples: int, length: int) -> int:
     """Run the stage; returns the child's peak RSS in bytes (``wait4``: that child only)."""
     cmd = [str(Path(sys.executable).parent / "edgepath"), "quantize", "--model", str(model_record),
-           "--path", "w4a8-amx", "--out", str(out), "--search", search, "--head", head,
+           "--path", "w4a8-gptq", "--out", str(out), "--search", search, "--head", head,
            "--samples", str(samples), "--length", str(length), "--params", str(ROOT / "params.yaml")]
     child = subprocess.Popen(cmd)
     _, status, usage = os.wait4(child.pid, 0)

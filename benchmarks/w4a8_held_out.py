@@ -1,13 +1,13 @@
 """Benchmark: a W4A8 checkpoint's held-out perplexity in vLLM, int8 activations included.
 
-    .venv/bin/python benchmarks/w4a8_held_out.py --checkpoint build/weights/w4a8-amx \\
+    .venv/bin/python benchmarks/w4a8_held_out.py --checkpoint build/weights/w4a8-gptq \\
         --reference benchmarks/results/engine_auto.json              # ~5 min on 2 cores
 
 The quantize stage's report scores the W4A8 build in PyTorch on its dequantized
 weights, so it leaves out the int8 activations vLLM's kernel (``int4_scaled_mm_cpu``)
-computes with; the benchmark stage does not run this path on a host without AMX yet.
-This script loads the checkpoint in vLLM with W4A8 on (``engines.vllm_cpu.VllmCpu``,
-which lifts vLLM's AMX gate on an AVX512-VNNI host), compiled, and scores the benchmark stage's
+computes with. This script loads the checkpoint in vLLM with W4A8 on
+(``engines.vllm_cpu.VllmCpu``; on an AVX512-VNNI host edgepath's plugin lifts vLLM's
+AMX gate), compiled, and scores the benchmark stage's
 held-out windows (``calibration.held_out_genres``, 16 x 512 tokens per genre by
 default). The increase is over vLLM bf16's perplexity on the same token ids, read
 from a benchmark stage record of the same kernel ISA tier (``--reference``), whose
@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", required=True, help="the quantize stage's w4a8-amx directory")
+    parser.add_argument("--checkpoint", required=True, help="the quantize stage's w4a8-gptq directory")
     parser.add_argument("--reference", default=str(ROOT / "benchmarks" / "results" / "engine_auto.json"),
                         help="a benchmark stage record (benchmark.json) from a host of this tier")
     parser.add_argument("--params", default=str(ROOT / "params.yaml"))

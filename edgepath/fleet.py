@@ -161,7 +161,7 @@ def _check_paths(name: str, section: Mapping[str, Any], where: str) -> None:
     for i, path in enumerate(section.get("paths") or []):
         if path not in weight_paths.built_by(stage):
             raise EdgepathError(f"{where}: {name}.paths.{i}: {path!r} is not one of the paths the {stage.value} "
-                                f"stage builds ({', '.join(weight_paths.built_by(stage))})")
+                                f"stage builds ({', '.join(weight_paths.built_by(stage))}){weight_paths.renamed(path)}")
 
 
 def validate(data: Any, where: str = "params") -> None:

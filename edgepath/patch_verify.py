@@ -122,7 +122,15 @@ def _patches(path_name: str, engine: WeightPathSpec, cold: dict[str, Any], warm:
     if not gate_weights:
         gate.update(state="not applicable",
                     detail="the model has no per-head gate projection (no *g_proj with one output per head)")
-    return {"cpu_int4": cpu_int4, "compile_cache": cache, "fused_norms": plugin["fused_norms"], "head_gate": gate}
+
+    vnni = dict(plugin["w4a8_vnni"])
+    vnni["evidence"] = {"layers_lifted": vnni.pop("layers"), **kernel}
+    if vnni["state"] == "applied" and vnni["evidence"]["layers_lifted"] == 0:
+        vnni.update(state="not applicable", detail=(
+            f"installed, but no layer of {path_name} asked for int8 activations (a {engine.quantization} "
+            f"checkpoint, VLLM_CPU_INT4_W4A8={'1' if engine.w4a8 else '0'})"))
+    return {"cpu_int4": cpu_int4, "compile_cache": cache, "fused_norms": plugin["fused_norms"], "head_gate": gate,
+            "w4a8_vnni": vnni}
 
 
 def run(path_name: str, artifact: str | os.PathLike, model_dir: str | os.PathLike,

@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import coverage, files, records
+from . import coverage, files, records, weight_paths
 from .command import Command, printable
 from .errors import EdgepathError, one_line
 from .hf_model import sha256_file
@@ -210,7 +210,7 @@ def target_for_machine(manifest: dict[str, Any], profile, priority: str = "speed
               for engine in dict.fromkeys(t["engine"] for t in manifest["targets"] if t["priority"] == priority)
               if engine in engines_for(profile)}
     built = [t for t in manifest["targets"] if t["priority"] == priority and t["artifacts"]
-             and picked.get(t["engine"]) == t["path"]["name"]]
+             and picked.get(t["engine"]) == weight_paths.current_name(t["path"]["name"])]
     if not built:
         path = picked.get("auto") or select_weight_path(profile, priority).name
         raise EdgepathError(f"the selector picks {path} for this machine ({here['arch']}, {here['kernel_isa']}), but "

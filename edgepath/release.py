@@ -34,7 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import atomic, files, records
+from . import atomic, files, records, weight_paths
 from .command import Command
 from .errors import EdgepathError, one_line
 from .versions import RELEASES, build_digest, git_tag, read_releases, state, version_key
@@ -58,7 +58,7 @@ def plan(manifest: dict[str, Any], releases: dict[str, Any]) -> list[dict[str, A
             version, why = "v1.0.0", "first release"
         else:
             major, minor, _ = version_key(last["version"])
-            if last["path"] != path:
+            if weight_paths.current_name(last["path"]) != path:
                 version = f"v{major + 1}.0.0"
                 why = f"weight path {last['path']} -> {path} since {last['version']}: a consumer needs another runtime"
             else:

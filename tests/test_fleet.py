@@ -23,7 +23,7 @@ def test_shipped_params_are_valid():
                                     "gpu-cuda"]
     assert params.targets["host"].profile == fleet.PROBE
     assert params.model_source == "embedded"
-    assert params.quantize["paths"] == ["w4a8-amx", "w4a16-tinygemm", "q4_0-gguf"]
+    assert params.quantize["paths"] == ["w4a8-gptq", "w4a16-tinygemm", "q4_0-gguf"]
     # a target without an engine lets the selector choose; arm64-server asks for llama.cpp
     assert {t.engine for tag, t in params.targets.items() if tag != "arm64-server"} == {"auto"}
     assert params.targets["arm64-server"].engine == "llama.cpp"

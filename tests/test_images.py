@@ -186,7 +186,7 @@ def test_each_device_image_is_built_for_the_platform_the_fleet_rule_names(kind):
 
 def test_a_target_argument_is_checked_in_either_form():
     assert images.target_argument("select", ["--profile", "p.json", "--target=arm64-server"]) == "arm64-server"
-    assert images.target_argument("quantize", ["--path", "w4a8-amx"]) is None
+    assert images.target_argument("quantize", ["--path", "w4a8-gptq"]) is None
     with pytest.raises(EdgepathError, match=r"select --target: 'x;id' is not a device tag"):
         images.target_argument("select", ["--target", "x;id"])
     with pytest.raises(EdgepathError, match="probe: --target needs a device tag"):
@@ -211,7 +211,7 @@ def test_stages_run_in_the_image_of_their_device_or_the_build_host():
     pick = lambda stage, *args: images.image_for_stage(stage, list(args), params, ROOT).name  # noqa: E731
     assert pick("select", "--target", "arm64-server", "--profile", "x.json") == "cpu-arm64"
     assert pick("probe", "--target", "phone-npu") == "export"
-    assert pick("quantize", "--path", "w4a8-amx") == "cpu-vllm"
+    assert pick("quantize", "--path", "w4a8-gptq") == "cpu-vllm"
     assert pick("export", "--path", "w4a8-xnnpack") == "export"
     with pytest.raises(EdgepathError, match="unknown device tag 'nope'"):
         pick("select", "--target", "nope")

@@ -59,7 +59,7 @@ def _delete(data, dotted):
     (lambda d: _set(d, "quantize.gptq.dampening", 0.1),
      "params.yaml: quantize.gptq.dampening: unknown key (known: search, damp, group_order)"),
     (lambda d: _set(d, "quantize.calibration", {"corpus": "austen"}),
-     "params.yaml: quantize.calibration: unknown key (known: paths, head, gptq, eval)"),
+     "params.yaml: quantize.calibration: unknown key (known: paths, head, w4a8_bf16_down_proj, gptq, eval)"),
     (lambda d: _set(d, "quantise", {}), "params.yaml: quantise: unknown key (known: model, targets, calibration, "
                                         "quantize, export, control, benchmark, manifest)"),
     (lambda d: _set(d, "targets.host.prority", "speed"), "params.yaml: targets.host.prority: unknown key"),
@@ -73,10 +73,13 @@ def _delete(data, dotted):
     # a value out of range, or not one of the choices
     (lambda d: _set(d, "benchmark.passes", 2), "params.yaml: benchmark.passes: 2 is less than the minimum of 3"),
     (lambda d: _set(d, "quantize.gptq.search", "magic"), "params.yaml: quantize.gptq.search: 'magic' is not one of"),
-    (lambda d: _set(d, "quantize.paths", ["w4a8-amx", "w3a8"]),
-     "params.yaml: quantize.paths.1: 'w3a8' is not one of the paths the quantize stage builds (w4a8-amx, "),
-    (lambda d: _set(d, "export.paths", ["w4a8-amx"]),
-     "params.yaml: export.paths.0: 'w4a8-amx' is not one of the paths the export stage builds"),
+    (lambda d: _set(d, "quantize.paths", ["w4a8-gptq", "w3a8"]),
+     "params.yaml: quantize.paths.1: 'w3a8' is not one of the paths the quantize stage builds (w4a8-gptq, "),
+    (lambda d: _set(d, "quantize.paths", ["w4a8-amx"]),
+     "quantize.paths.0: 'w4a8-amx' is not one of the paths the quantize stage builds (w4a8-gptq, w4a16-tinygemm, "
+     "q4_0-gguf); 'w4a8-amx' was renamed 'w4a8-gptq': write that"),
+    (lambda d: _set(d, "export.paths", ["w4a8-gptq"]),
+     "params.yaml: export.paths.0: 'w4a8-gptq' is not one of the paths the export stage builds"),
     (lambda d: _set(d, "targets.host.platform", "windows/amd64"), "params.yaml: targets.host.platform: 'windows/amd64'"),
     # a missing required field
     (lambda d: _delete(d, "targets.gpu-cuda.platform"), "params.yaml: targets.gpu-cuda.platform: missing (required)"),
@@ -145,7 +148,8 @@ def test_the_schema_names_every_setting_a_stage_has():
     assert set(_properties("export", "qnn")["properties"]) == {f.name for f in dataclasses.fields(export.QnnSettings)}
     assert set(_properties("export", "xnnpack")["properties"]) == {
         f.name for f in dataclasses.fields(export.XnnpackSettings)}
-    quantize_keys = ({"head", "calibration"} | set(_properties("quantize", "gptq")["properties"])
+    quantize_keys = ({"calibration"} | set(_properties("quantize")["properties"]) - {"paths", "gptq", "eval"}
+                     | set(_properties("quantize", "gptq")["properties"])
                      | {f"eval_{k}" for k in _properties("quantize", "eval")["properties"]})
     assert quantize_keys == {f.name for f in dataclasses.fields(quantize.Settings)}
 

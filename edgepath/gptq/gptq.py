@@ -13,7 +13,7 @@ Lifecycle, per linear layer ``W [N out, K in]``:
 3. When the loop reaches a group, the group's grid is chosen on the
    *error-updated* weights by the layer's ``Grid``:
 
-   - ``ScaleSearch`` (symmetric, the GPTQ checkpoint of ``w4a8-amx``): per output
+   - ``ScaleSearch`` (symmetric, the GPTQ checkpoint of ``w4a8-gptq``): per output
      channel, candidate scales ``f * absmax / 7.5`` are tried, each also negated
      (``signed``), and the least error kept.
    - ``MinMaxGrid`` (asymmetric, the cpu_int4 checkpoint of ``w4a16-tinygemm``):

@@ -48,7 +48,7 @@ class _Captured(Exception):
     pass
 
 
-def _layer_inputs(model, tokens: torch.Tensor, batch_size: int) -> tuple[list[torch.Tensor], dict]:
+def decoder_inputs(model, tokens: torch.Tensor, batch_size: int) -> tuple[list[torch.Tensor], dict]:
     """Inputs of decoder layer 0 for each batch, and the keyword arguments it is
     called with (positions, rotary embeddings, mask), identical for every batch."""
     inputs: list[torch.Tensor] = []
@@ -71,7 +71,7 @@ def _layer_inputs(model, tokens: torch.Tensor, batch_size: int) -> tuple[list[to
     return inputs, kwargs
 
 
-def _forward(layer, inputs: list[torch.Tensor], kwargs: dict) -> list[torch.Tensor]:
+def forward_layer(layer, inputs: list[torch.Tensor], kwargs: dict) -> list[torch.Tensor]:
     outs = []
     for x in inputs:
         y = layer(x, **kwargs)
@@ -136,7 +136,7 @@ def quantize_model(
         results[prefix] = q
 
     with torch.no_grad():
-        inputs, kwargs = _layer_inputs(model, tokens, batch_size)
+        inputs, kwargs = decoder_inputs(model, tokens, batch_size)
         for li, layer in enumerate(layers):
             for group in SEQUENTIAL_GROUPS:
                 names = [n for n in group if f"model.layers.{li}.{n}" not in keep]
@@ -147,7 +147,7 @@ def quantize_model(
                 hessian = _input_hessian(modules[0], layer, inputs, kwargs)
                 for name, module in zip(names, modules):
                     quantize(f"model.layers.{li}.{name}", module, hessian)
-            inputs = _forward(layer, inputs, kwargs)
+            inputs = forward_layer(layer, inputs, kwargs)
             print(f"quantize: layer {li + 1}/{len(layers)} done, {time.monotonic() - start:.0f} s",
                   file=sys.stderr, flush=True)
         if quantize_head:
