@@ -48,7 +48,13 @@ def install() -> tuple[str, str]:
     if not hasattr(torch.ops._C, "int4_scaled_mm_cpu"):
         return "not applicable", "this vLLM kernel build (chosen from the CPU's ISA) has no _C::int4_scaled_mm_cpu"
 
+    from vllm import envs
+
     def process_weights_after_loading(self: Any, layer: Any) -> None:
+        # only where vLLM then takes its W4A8 branch: its W4A16 packing reads the same flag
+        # for an AMX layout, which faults without AMX (Illegal instruction, measured here)
+        if not (envs.VLLM_CPU_INT4_W4A8 and self.config.act_type == torch.bfloat16):
+            return process(self, layer)
         amx = torch.cpu._is_amx_tile_supported
         torch.cpu._is_amx_tile_supported = lambda: True
         try:
