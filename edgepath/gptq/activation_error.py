@@ -20,8 +20,9 @@ layer's error travels through every later one.
 Lifecycle: ``rank_down_projections(model, tokens)`` runs the unquantized model over
 calibration tokens once for its next-token distributions, keeping every decoder
 layer's input; then, per decoder layer, from that layer's kept input to the end
-with only its down-projection input rounded to 8 bits per token; it returns the prefixes with the mean KL divergence from the unquantized
-distributions, largest first. The quantize stage keeps the first few
+with only its down-projection input rounded to 8 bits per token; it returns the
+prefixes with the mean KL divergence from the unquantized distributions, largest
+first. The quantize stage keeps the first few
 (``quantize.w4a8_bf16_down_proj``) out of GPTQ and stores them bf16.
 """
 

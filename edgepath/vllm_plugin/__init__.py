@@ -34,8 +34,8 @@ from typing import Any
 # measurable end-to-end gain (decode +3 %, prefill -2 %, inside the noise). head_gate: off; on this team's AVX2 hosts vLLM's GEMM
 # for these shapes is F.linear, which beat the multiply-and-sum 2.7-21x at 1-64 rows
 # in isolation; the reported gain was against oneDNN on an AMX Xeon. w4a8_vnni: on; it acts only
-# where W4A8 is asked for, and there it decoded 1.1x tinygemm W4A16 at batch 1, 1.65x at 8 streams
-# (Zen 4, SmolLM2-135M, 2 cores).
+# where W4A8 is asked for, and there it decoded 1.04x tinygemm W4A16 at batch 1 and prefilled 1.9x
+# (Zen 4, SmolLM2-135M, 2 cores, benchmarks/results/w4a8_vnni.md).
 SWITCHES = {
     "cpu_int4": ("EDGEPATH_CPU_INT4", True),
     "compile_cache": ("EDGEPATH_COMPILE_CACHE", True),

