@@ -130,7 +130,7 @@ class Arm:
 
 # ---------------------------------------------------------------- arms
 
-def _stored_bytes(directory: Path) -> tuple[int, int]:
+def stored_bytes(directory: Path) -> tuple[int, int]:
     """(tensor bytes of a safetensors checkpoint, the bytes a decode step reads of them):
     every tensor, except the embedding table where the checkpoint has its own head (a
     step then reads one row of it)."""
@@ -181,7 +181,7 @@ def _build_arm(name: str, artifact: Path, parameters: int) -> Arm:
         stored = records.read(artifact / records.FILE_NAMES["gguf_check"], "gguf_check")["file"]
         return Arm(name, "build", "llama.cpp", artifact / stored["name"], bits_per_weight=stored["bits_per_weight"],
                    bytes_per_token=round(stored["bits_per_weight"] * stored["parameters"] / 8))
-    total, per_token = _stored_bytes(artifact)
+    total, per_token = stored_bytes(artifact)
     return Arm(name, "build", "vllm", artifact, spec.quantization, tuple(sorted(spec.process_env().items())),
                round(total * 8 / parameters, 3), per_token)
 
@@ -198,7 +198,7 @@ def plan(paths: list[str], verify_dir: Path, weights_dir: Path, model_dir: Path,
             states[name] = {"state": "measured", "detail": f"{name} passed patch-verify on this host"}
         else:
             states[name] = {"state": "not measured here", "detail": reason}
-    total, per_token = _stored_bytes(model_dir)
+    total, per_token = stored_bytes(model_dir)
     # the model's own bf16 checkpoint as the bf16 path runs it, on this CPU: bf16 activations
     bf16_env = {**weight_paths.get("bf16").process_env(), "VLLM_CPU_INT4_W4A8": "0"}
     controls = [Arm(BF16_CONTROL, "control", "vllm", model_dir, None, tuple(sorted(bf16_env.items())),

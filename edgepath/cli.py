@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from . import (__version__, benchmark, bundle, command, container, control, engine_check, export, fleet, images,
-               manifest, model, patch_verify, probe, pull, quantize, release, select)
+               manifest, model, patch_verify, probe, pull, quantize, release, select, serve)
 
 _DESCRIPTION = """\
 edgepath builds, for every device of a fleet, the fastest faithful build of one
@@ -23,7 +23,7 @@ STAGES = (fleet.COMMAND, model.COMMAND, probe.COMMAND, select.COMMAND, quantize.
           patch_verify.COMMAND, control.COMMAND, export.COMMAND, benchmark.COMMAND, manifest.COMMAND,
           bundle.COMMAND)
 """The pipeline's commands, in pipeline order: `edgepath run` runs any of them."""
-AROUND = (images.COMMAND, container.run_command(STAGES), *pull.COMMANDS, release.COMMAND)
+AROUND = (images.COMMAND, container.run_command(STAGES), *pull.COMMANDS, serve.COMMAND, release.COMMAND)
 """The commands around the stages: images, containers, remotes, versions."""
 COMMANDS = (*STAGES, *AROUND)
 """Every command, in the order `edgepath --help` lists them."""

@@ -165,10 +165,12 @@ def _tensor_report(name: str, weight, q) -> dict[str, Any]:
     }
 
 
-def _quantization_config(spec: WeightPathSpec, group: int, settings: Settings) -> dict[str, Any]:
+def quantization_config(spec: WeightPathSpec, group: int, head: str, damp: float) -> dict[str, Any]:
+    """A checkpoint's ``quantization_config`` in path ``spec``'s format: its group, its
+    head (``bf16`` or ``int4``) and GPTQ's damping."""
     common = {"quant_method": spec.checkpoint_format, "bits": 4, "group_size": group,
               "sym": spec.grid is Grid.SYMMETRIC,
-              "true_sequential": True, "lm_head": settings.head == "int4", "damp_percent": settings.damp}
+              "true_sequential": True, "lm_head": head == "int4", "damp_percent": damp}
     if spec.checkpoint_format == "gptq":
         return {**common, "desc_act": False, "static_groups": False, "checkpoint_format": "gptq"}
     from .gptq.cpu_int4_format import FORMAT_VERSION
@@ -324,7 +326,7 @@ def _publish_checkpoint(spec: WeightPathSpec, settings: Settings, model_dir: Pat
     records.validate("quantization", report, where=str(out / REPORT_NAME))
 
     config = files.read_json(model_dir / "config.json")
-    config["quantization_config"] = _quantization_config(spec, group, settings)
+    config["quantization_config"] = quantization_config(spec, group, settings.head, settings.damp)
     if kept:  # GPTQModel's per-module override, which vLLM reads: "-:" + regex skips the module
         config["quantization_config"]["dynamic"] = {f"-:{re.escape(p)}": {} for p in kept}
     if settings.head == "int4":

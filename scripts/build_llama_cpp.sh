@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Build llama.cpp's Python bindings (llama-cpp-python, the benchmark's control engine)
 # from source into .venv for this host's CPU, copy llama.cpp's HF -> GGUF converter
-# out of the same sdist into .venv/share/edgepath/llama.cpp, and build its llama-imatrix
-# and llama-quantize tools from the same sources into .venv/share/edgepath/llama.cpp/bin
-# (the control's imatrix Q4_0: the bindings cannot hand the quantizer an importance matrix).
+# out of the same sdist into .venv/share/edgepath/llama.cpp, and build its llama-imatrix,
+# llama-quantize and llama-server from the same sources into .venv/share/edgepath/llama.cpp/bin
+# (the control's imatrix Q4_0: the bindings cannot hand the quantizer an importance matrix;
+# `edgepath serve` and the serving benchmark: llama.cpp's own OpenAI-compatible server).
 # Idempotent: skipped while .venv/.edgepath-llama-cpp names this version and these flags.
 # Takes ~7 min on 2 cores for the bindings (140 C/C++ units; measured here: 6 min 28 s)
-# and ~3 min more for the two tools, statically linked (measured here: 6 min beside another job).
+# and ~6 min more for the three tools, statically linked (measured here, alone: 5 min 40 s).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,7 +34,8 @@ case $(uname -m) in
 esac
 
 stamp=.venv/.edgepath-llama-cpp
-want="llama-cpp-python $version ${cmake_args[*]}; tools: llama-imatrix llama-quantize"
+tool_names=(llama-imatrix llama-quantize llama-server)
+want="llama-cpp-python $version ${cmake_args[*]}; tools: ${tool_names[*]}"
 if [[ -f $stamp && $(cat "$stamp") == "$want" ]]; then
     exit 0
 fi
@@ -66,17 +68,27 @@ tar -xzf "$sdist" -C "$stage" --strip-components=3 \
     "llama_cpp_python-$version/vendor/llama.cpp/conversion" \
     "llama_cpp_python-$version/vendor/llama.cpp/gguf-py"
 
-# The two tools, with the bindings' ISA flags, linked statically so that they stand alone.
-echo "build_llama_cpp: building llama-imatrix and llama-quantize (~3 min on 2 cores)" >&2
+# The tools, with the bindings' ISA flags, linked statically so that they stand alone. The
+# server without its web UI (its assets would be downloaded) and without OpenSSL (it serves
+# plain HTTP on the address `edgepath serve` gives it).
+echo "build_llama_cpp: building ${tool_names[*]} (~6 min on 2 cores)" >&2
 tar -xzf "$sdist" -C "$download" "llama_cpp_python-$version/vendor/llama.cpp"
 tools=$download/build
+tool_args=()
+for arg in "${cmake_args[@]}"; do
+    case $arg in
+        -DLLAMA_BUILD_TOOLS=OFF|-DLLAMA_BUILD_SERVER=OFF) tool_args+=("${arg%=OFF}=ON") ;;
+        *) tool_args+=("$arg") ;;
+    esac
+done
 cmake -S "$download/llama_cpp_python-$version/vendor/llama.cpp" -B "$tools" -DCMAKE_BUILD_TYPE=Release \
-    -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DGGML_CCACHE=OFF "${cmake_args[@]/-DLLAMA_BUILD_TOOLS=OFF/-DLLAMA_BUILD_TOOLS=ON}" \
+    -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DGGML_CCACHE=OFF \
+    "${tool_args[@]}" \
     > "$download/cmake.log" || { cat "$download/cmake.log" >&2; exit 1; }
-cmake --build "$tools" --target llama-imatrix llama-quantize -j "$(nproc)" > "$download/build.log" \
+cmake --build "$tools" --target "${tool_names[@]}" -j "$(nproc)" > "$download/build.log" \
     || { tail -50 "$download/build.log" >&2; exit 1; }
 mkdir -p "$stage/bin"
-cp "$tools/bin/llama-imatrix" "$tools/bin/llama-quantize" "$stage/bin/"
+cp "${tool_names[@]/#/$tools/bin/}" "$stage/bin/"
 rm -rf "$share/llama.cpp"
 mv -T "$stage" "$share/llama.cpp"
 echo "$want" > "$stamp"

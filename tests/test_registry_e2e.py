@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from edgepath import pull, records
+from edgepath import pull, records, serve, weight_paths
+from edgepath.engines import worker
 from edgepath.profile import HardwareProfile
 
 from .conftest import run_checked as _run
@@ -404,3 +405,66 @@ def test_dvc_artifacts_get_needs_a_version_tag_and_the_remote_given_at_it(projec
     assert device["target"]["release"]["version"] == "v1.0.0"
     for f in pull.device_files(device["target"]):
         assert _sha256(tmp_path / "a" / f["name"]) == f["sha256"]
+
+
+_QUESTION = [{"role": "user", "content": "Write a short poem about the sea."}]
+
+
+def _served_answer(server: serve.Server, tag: str, engine: str) -> tuple[list[int], list[int], str]:
+    """(prompt ids, answer ids, finish reason) of a greedy chat answer of 24 tokens,
+    as the server reports them: vLLM returns both id lists (``return_token_ids``);
+    llama-server each answer token's id in its log-probabilities, and the prompt as its
+    chat template renders it and its tokenizer reads it (special tokens parsed)."""
+    body = {"model": tag, "messages": _QUESTION, "max_tokens": 24, "temperature": 0}
+    if engine == "vllm":
+        answer = server.post("/v1/chat/completions", {**body, "return_token_ids": True})
+        choice = answer["choices"][0]
+        return answer["prompt_token_ids"], choice["token_ids"], choice["finish_reason"]
+    answer = server.post("/v1/chat/completions", {**body, "logprobs": True})
+    choice = answer["choices"][0]
+    prompt = server.post("/apply-template", {"messages": _QUESTION})["prompt"]
+    ids = server.post("/tokenize", {"content": prompt, "add_special": True, "parse_special": True})["tokens"]
+    return ids, [t["id"] for t in choice["logprobs"]["content"]], choice["finish_reason"]
+
+
+@pytest.mark.parametrize("tag", ["arm64-server", "gpu-cuda"])
+def test_a_pulled_build_serves_the_engines_own_greedy_answer(project, tmp_path, tag):
+    """`edgepath serve` on a pulled build (arm64-server: the GGUF, in llama-server; gpu-cuda:
+    the bf16 checkpoint, in vLLM's server, on this CPU): a chat request's answer is, token
+    for token, what the same engine generates greedily from the same prompt ids."""
+    dest, env, _ = project
+    clone = _local_clone(project, tmp_path)
+    assert _pull(project, clone, tag, "-o", "build").returncode == 0
+    build = serve.read_build(clone / "build")
+    spec = weight_paths.get(build.path)
+    cache = tmp_path / "vllm-cache"  # one compile cache: the worker loads what the server compiled
+    port = serve.free_port()
+    argv = ["edgepath", "serve", str(clone / "build"), "--port", str(port), "--parallel", "2", "--context", "512"]
+    with serve.Server(argv, {**env, "VLLM_CACHE_ROOT": str(cache)}, port, tmp_path / "serve.log") as server:
+        prompt, answer, finish = _served_answer(server, tag, spec.engine.value)
+    assert len(answer) == 24 or finish == "stop", (answer, finish)
+    assert len(answer) >= 4 and len(prompt) > len(_QUESTION[0]["content"].split())
+    if spec.engine.value == "vllm":
+        model = next((clone / "build" / f["name"]).parent for f in build.files if f["name"].endswith("config.json"))
+        cmd = worker.command("vllm", model, quantization=spec.quantization, env=spec.process_env(), cache_dir=cache)
+    else:
+        gguf = next(clone / "build" / f["name"] for f in build.files if f["name"].endswith(".gguf"))
+        cmd = worker.command("llama.cpp", gguf, threads=os.cpu_count())
+    with worker.EngineProcess(f"{tag}'s engine", cmd, tmp_path / "engine.log") as engine:
+        engine.wait_ready(timeout=900)
+        greedy = engine.ask("greedy", prompts=[prompt], new_tokens=24)["tokens"][0]
+    assert answer == greedy[:len(answer)]
+
+
+def test_serve_refuses_an_altered_pulled_build(project, tmp_path):
+    clone = _local_clone(project, tmp_path)
+    assert _pull(project, clone, "arm64-server", "-o", "build").returncode == 0
+    gguf = next((clone / "build").rglob("*.gguf"))
+    with open(gguf, "r+b") as f:
+        f.seek(-1, os.SEEK_END)
+        last = f.read(1)
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([last[0] ^ 1]))
+    done = subprocess.run(["edgepath", "serve", str(clone / "build"), "--port", str(serve.free_port())],
+                          env=project[1], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and f"{gguf}: altered" in done.stderr and "sha256" in done.stderr

