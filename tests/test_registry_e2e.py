@@ -4,6 +4,7 @@ a server killed mid-transfer, a stage killed mid-quantize, altered, missing and
 unnamed objects, manifests that would write outside the pull's directory."""
 
 import hashlib
+import importlib.util
 import json
 import os
 import signal
@@ -427,11 +428,22 @@ def _served_answer(server: serve.Server, tag: str, engine: str) -> tuple[list[in
     return ids, [t["id"] for t in choice["logprobs"]["content"]], choice["finish_reason"]
 
 
+def _serving_benchmark():
+    """``benchmarks/serving.py`` as a module (a script, not part of the package)."""
+    location = Path(__file__).resolve().parent.parent / "benchmarks" / "serving.py"
+    spec = importlib.util.spec_from_file_location("serving_benchmark", location)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.mark.parametrize("tag", ["arm64-server", "gpu-cuda"])
 def test_a_pulled_build_serves_the_engines_own_greedy_answer(project, tmp_path, tag):
     """`edgepath serve` on a pulled build (arm64-server: the GGUF, in llama-server; gpu-cuda:
     the bf16 checkpoint, in vLLM's server, on this CPU): a chat request's answer is, token
-    for token, what the same engine generates greedily from the same prompt ids."""
+    for token, what the same engine generates greedily from the same prompt ids. The
+    serving benchmark's client runs its smallest regime on the same server: two streams
+    at once, each generating its tokens with the end of sequence ignored."""
     dest, env, _ = project
     clone = _local_clone(project, tmp_path)
     assert _pull(project, clone, tag, "-o", "build").returncode == 0
@@ -442,6 +454,9 @@ def test_a_pulled_build_serves_the_engines_own_greedy_answer(project, tmp_path, 
     argv = ["edgepath", "serve", str(clone / "build"), "--port", str(port), "--parallel", "2", "--context", "512"]
     with serve.Server(argv, {**env, "VLLM_CACHE_ROOT": str(cache)}, port, tmp_path / "serve.log") as server:
         prompt, answer, finish = _served_answer(server, tag, spec.engine.value)
+        # level() raises unless each stream streamed text and the usage counts 8 tokens each
+        streams = _serving_benchmark().level(server.url, tag, [prompt, prompt[1:]], 8)
+    assert len(streams["ttft_s"]) == 2 and min(streams["decode_tok_s"]) > 0 and streams["tok_s"] > 0
     assert len(answer) == 24 or finish == "stop", (answer, finish)
     assert len(answer) >= 4 and len(prompt) > len(_QUESTION[0]["content"].split())
     if spec.engine.value == "vllm":
