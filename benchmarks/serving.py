@@ -9,8 +9,8 @@ can run and for bf16 (``--model``), ``llama-server`` (built by set-up from the
 sources of the benchmark's control) for the ``q4_0-gguf`` build and the control's
 Q4_K_M and Q4_0. Each server has as many sequence slots as the most streams
 measured, with continuous batching, and all servers stay up, so the arms
-interleave: every round runs each arm in turn, and within an arm each concurrency
-level (1, 4, 16 streams by default).
+interleave: every round runs each concurrency level (1, 4, 16 streams by default)
+on each arm in turn, the other servers stopped (SIGSTOP) meanwhile.
 
 A level of C streams is C HTTP clients (threads) sending at once one streamed
 ``/v1/completions`` request each: a prompt of ``--prompt-tokens`` token ids of
@@ -44,7 +44,8 @@ import statistics
 import sys
 import threading
 import time
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +137,21 @@ def level(url: str, model: str, prompts: list[list[int]], new_tokens: int) -> di
             "decode_tok_s": [(r["tokens"] - 1) / (r["end_s"] - r["ttft_s"]) for r in results]}
 
 
+@contextmanager
+def alone(measured: Server, servers) -> Iterator[None]:
+    """Every server but ``measured`` stopped (SIGSTOP) while it is measured, as in the
+    benchmark stage (an idle vLLM engine used ~5 % of a core there, which the measured
+    server would lose)."""
+    others = [s for s in servers if s is not measured]
+    for s in others:
+        s.pause()
+    try:
+        yield
+    finally:
+        for s in others:
+            s.resume()
+
+
 def held_out_prompts(model: Path, count: int, tokens: int) -> list[list[int]]:
     """``count`` prompts of ``tokens`` token ids each: the held-out windows every
     benchmark scores (``calibration.held_out_genres``), the genres taken in turn."""
@@ -196,7 +212,8 @@ def main() -> None:
             for c in args.levels:
                 batch, used = prompts[used:used + c], used + c
                 for name, server in servers.items():
-                    got = level(server.url, name, batch, args.new_tokens)
+                    with alone(server, servers.values()):
+                        got = level(server.url, name, batch, args.new_tokens)
                     samples[name][c]["tok_s"].append(got["tok_s"])
                     samples[name][c]["ttft_s"] += got["ttft_s"]
                     samples[name][c]["decode_tok_s"] += got["decode_tok_s"]

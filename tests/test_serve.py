@@ -4,6 +4,7 @@ tests/test_registry_e2e.py, on pulled builds."""
 
 import hashlib
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -93,3 +94,44 @@ def test_a_phone_program_is_not_served(tmp_path, name):
 def test_engine_arguments_are_split_as_a_shell_would(argv, engine_args):
     args = build_parser().parse_args(["serve", "d", "--port", "9", *argv])
     assert (args.dir, args.port, args.engine_args) == ("d", 9, engine_args)
+
+
+_HEALTHY = """
+import http.server, sys
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
+"""
+
+
+def _state(pid: int, wanted: str) -> str:
+    """The process's state letter in /proc (T: stopped) once it is one of ``wanted``, or
+    after 10 s (a signal is delivered asynchronously)."""
+    deadline = time.monotonic() + 10
+    while True:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        if state in wanted or time.monotonic() > deadline:
+            return state
+        time.sleep(0.01)
+
+
+def test_a_server_runs_until_healthy_pauses_and_stops_even_when_paused(tmp_path):
+    port = serve.free_port()
+    with serve.Server([sys.executable, "-c", _HEALTHY, str(port)], None, port, tmp_path / "log", timeout=60) as s:
+        assert s.start_s is not None and _state(s.proc.pid, "RS") in "RS"
+        s.pause()
+        assert _state(s.proc.pid, "T") == "T"
+        s.resume()
+        assert _state(s.proc.pid, "RS") in "RS"
+        s.pause()  # left paused: leaving must still end it
+    assert s.proc.returncode is not None
+
+
+def test_a_server_that_exits_before_serving_raises_with_its_log(tmp_path):
+    port = serve.free_port()
+    argv = [sys.executable, "-c", "import sys; print('no model here'); sys.exit(3)"]
+    with pytest.raises(EdgepathError, match=r"exited \(3\) before serving:\n(.|\n)*no model here"):
+        with serve.Server(argv, None, port, tmp_path / "log", timeout=60):
+            pass
