@@ -411,18 +411,12 @@ def test_dvc_artifacts_get_needs_a_version_tag_and_the_remote_given_at_it(projec
 _QUESTION = [{"role": "user", "content": "Write a short poem about the sea."}]
 
 
-def _served_answer(server: serve.Server, tag: str, engine: str) -> tuple[list[int], list[int], str]:
-    """(prompt ids, answer ids, finish reason) of a greedy chat answer of 24 tokens,
-    as the server reports them: vLLM returns both id lists (``return_token_ids``);
-    llama-server each answer token's id in its log-probabilities, and the prompt as its
-    chat template renders it and its tokenizer reads it (special tokens parsed)."""
-    body = {"model": tag, "messages": _QUESTION, "max_tokens": 24, "temperature": 0}
-    if engine == "vllm":
-        answer = server.post("/v1/chat/completions", {**body, "return_token_ids": True})
-        choice = answer["choices"][0]
-        return answer["prompt_token_ids"], choice["token_ids"], choice["finish_reason"]
-    answer = server.post("/v1/chat/completions", {**body, "logprobs": True})
-    choice = answer["choices"][0]
+def _served_answer(server: serve.Server, tag: str) -> tuple[list[int], list[int], str]:
+    """(prompt ids, answer ids, finish reason) of a greedy chat answer of 24 tokens from
+    llama-server: each answer token's id from its log-probabilities, and the prompt as
+    its chat template renders it and its tokenizer reads it (special tokens parsed)."""
+    body = {"model": tag, "messages": _QUESTION, "max_tokens": 24, "temperature": 0, "logprobs": True}
+    choice = server.post("/v1/chat/completions", body)["choices"][0]
     prompt = server.post("/apply-template", {"messages": _QUESTION})["prompt"]
     ids = server.post("/tokenize", {"content": prompt, "add_special": True, "parse_special": True})["tokens"]
     return ids, [t["id"] for t in choice["logprobs"]["content"]], choice["finish_reason"]
@@ -437,34 +431,31 @@ def _serving_benchmark():
     return module
 
 
-@pytest.mark.parametrize("tag", ["arm64-server", "gpu-cuda"])
-def test_a_pulled_build_serves_the_engines_own_greedy_answer(project, tmp_path, tag):
-    """`edgepath serve` on a pulled build (arm64-server: the GGUF, in llama-server; gpu-cuda:
-    the bf16 checkpoint, in vLLM's server, on this CPU): a chat request's answer is, token
-    for token, what the same engine generates greedily from the same prompt ids. The
-    serving benchmark's client runs its smallest regime on the same server: two streams
-    at once, each generating its tokens with the end of sequence ignored."""
-    dest, env, _ = project
+def test_a_pulled_build_serves_the_engines_own_greedy_answer(project, tmp_path):
+    """`edgepath serve` on a pulled build (arm64-server's GGUF, in llama-server): a chat
+    request's answer is, token for token, what llama.cpp generates greedily from the
+    same prompt ids. The serving benchmark's client runs its smallest regime on the same
+    server: two streams at once, each generating its tokens with the end of sequence
+    ignored. (vLLM's server is not started here: on the AVX2 tier its cold start, 218 s
+    for bf16 in the benchmark stage, and a second engine to compare with would take
+    minutes more of CI's 90, which the suite came within 8 of there;
+    `benchmarks/serving.py` drives it, and tests/test_serve.py checks its command.)"""
+    tag = "arm64-server"
     clone = _local_clone(project, tmp_path)
     assert _pull(project, clone, tag, "-o", "build").returncode == 0
     build = serve.read_build(clone / "build")
-    spec = weight_paths.get(build.path)
-    cache = tmp_path / "vllm-cache"  # one compile cache: the worker loads what the server compiled
+    assert weight_paths.get(build.path).engine.value == "llama.cpp"
     port = serve.free_port()
     argv = ["edgepath", "serve", str(clone / "build"), "--port", str(port), "--parallel", "2", "--context", "512"]
-    with serve.Server(argv, {**env, "VLLM_CACHE_ROOT": str(cache)}, port, tmp_path / "serve.log") as server:
-        prompt, answer, finish = _served_answer(server, tag, spec.engine.value)
+    with serve.Server(argv, project[1], port, tmp_path / "serve.log") as server:
+        prompt, answer, finish = _served_answer(server, tag)
         # level() raises unless each stream streamed text and the usage counts 8 tokens each
         streams = _serving_benchmark().level(server.url, tag, [prompt, prompt[1:]], 8)
     assert len(streams["ttft_s"]) == 2 and min(streams["decode_tok_s"]) > 0 and streams["tok_s"] > 0
     assert len(answer) == 24 or finish == "stop", (answer, finish)
     assert len(answer) >= 4 and len(prompt) > len(_QUESTION[0]["content"].split())
-    if spec.engine.value == "vllm":
-        model = next((clone / "build" / f["name"]).parent for f in build.files if f["name"].endswith("config.json"))
-        cmd = worker.command("vllm", model, quantization=spec.quantization, env=spec.process_env(), cache_dir=cache)
-    else:
-        gguf = next(clone / "build" / f["name"] for f in build.files if f["name"].endswith(".gguf"))
-        cmd = worker.command("llama.cpp", gguf, threads=os.cpu_count())
+    gguf = next(clone / "build" / f["name"] for f in build.files if f["name"].endswith(".gguf"))
+    cmd = worker.command("llama.cpp", gguf, threads=os.cpu_count())
     with worker.EngineProcess(f"{tag}'s engine", cmd, tmp_path / "engine.log") as engine:
         engine.wait_ready(timeout=900)
         greedy = engine.ask("greedy", prompts=[prompt], new_tokens=24)["tokens"][0]
