@@ -44,8 +44,7 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +52,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from edgepath import atomic, weight_paths  # noqa: E402
-from edgepath.benchmark import read_bandwidth, stored_bytes  # noqa: E402
+from edgepath.benchmark import alone, read_bandwidth, stored_bytes  # noqa: E402
 from edgepath.errors import EdgepathError  # noqa: E402
 from edgepath.serve import Server, free_port, runs_here, server_command  # noqa: E402
 
@@ -135,21 +134,6 @@ def level(url: str, model: str, prompts: list[list[int]], new_tokens: int) -> di
                             f"not ignored?)")
     return {"tok_s": tokens / wall, "ttft_s": [r["ttft_s"] for r in results],
             "decode_tok_s": [(r["tokens"] - 1) / (r["end_s"] - r["ttft_s"]) for r in results]}
-
-
-@contextmanager
-def alone(measured: Server, servers) -> Iterator[None]:
-    """Every server but ``measured`` stopped (SIGSTOP) while it is measured, as in the
-    benchmark stage (an idle vLLM engine used ~5 % of a core there, which the measured
-    server would lose)."""
-    others = [s for s in servers if s is not measured]
-    for s in others:
-        s.pause()
-    try:
-        yield
-    finally:
-        for s in others:
-            s.resume()
 
 
 def held_out_prompts(model: Path, count: int, tokens: int) -> list[list[int]]:

@@ -292,9 +292,10 @@ class Worker(EngineProcess):
 
 
 @contextlib.contextmanager
-def _alone(measured: Worker, workers: list[Worker]) -> Iterator[None]:
+def alone(measured, workers) -> Iterator[None]:
     """Stop every other engine process while ``measured`` is timed: an idle vLLM engine
-    still used ~5 % of a core here (measured), which the timed engine would lose."""
+    still used ~5 % of a core here (measured), which the timed engine would lose.
+    ``workers``: anything with ``pause`` and ``resume`` (a ``Worker``, a ``serve.Server``)."""
     others = [w for w in workers if w is not measured]
     for w in others:
         w.pause()
@@ -411,12 +412,12 @@ def measure(arms: list[Arm], settings: Settings, windows: dict[str, list[list[in
         everyone = list(workers.values())
         for p in range(settings.passes):
             for name, w in workers.items():
-                with _alone(w, everyone):
+                with alone(w, everyone):
                     reply, share = w.timed("decode", prompt=prompts[0], new_tokens=settings.decode_tokens)
                 decode[name].append(1 / reply["seconds_per_token"])
                 other[name].append(share)
             for name, w in workers.items():
-                with _alone(w, everyone):
+                with alone(w, everyone):
                     reply, share = w.timed("prefill", prompt=prefill_prompts[p])
                 prefill[name].append(len(prefill_prompts[p]) / reply["seconds"])
                 other[name].append(share)
