@@ -69,6 +69,18 @@ def _category(op: dict, vocab: int) -> str:
     return "other operators"
 
 
+def step_breakdown(profiled: dict, vocab: int) -> tuple[float, dict[str, float]]:
+    """A worker's ``profile`` answer over ``DECODE_STEPS`` steps: (wall ms per step, ms per
+    step by ``_category``, with the time no operator accounts for as its own category)."""
+    per_step: dict[str, float] = {}
+    for op in profiled["ops"]:
+        kind = _category(op, vocab)
+        per_step[kind] = per_step.get(kind, 0) + op["self_cpu_us"] / 1e3 / DECODE_STEPS
+    step_ms = profiled["wall_s"] * 1e3 / DECODE_STEPS
+    per_step["no operator (framework, per step)"] = step_ms - sum(per_step.values())
+    return step_ms, per_step
+
+
 def breakdown() -> dict:
     """Per decode step, milliseconds by category (``_category``) for the host's build and bf16."""
     from transformers import AutoTokenizer
@@ -97,12 +109,7 @@ def breakdown() -> dict:
                 profiled = w.ask("profile", prompt=prompt, new_tokens=DECODE_STEPS)
             finally:
                 w.close()
-            per_step: dict[str, float] = {}
-            for op in profiled["ops"]:
-                category = _category(op, vocab)
-                per_step[category] = per_step.get(category, 0) + op["self_cpu_us"] / 1e3 / DECODE_STEPS
-            step_ms = profiled["wall_s"] * 1e3 / DECODE_STEPS
-            per_step["no operator (framework, per step)"] = step_ms - sum(per_step.values())
+            step_ms, per_step = step_breakdown(profiled, vocab)
             top = sorted(profiled["ops"], key=lambda o: -o["self_cpu_us"])[:12]
             out[arm.name] = {"step_ms_profiled": round(step_ms, 2), "step_ms_unprofiled": round(plain * 1e3, 2),
                              "per_step_ms": {k: round(v, 3) for k, v in sorted(per_step.items(), key=lambda kv: -kv[1])},

@@ -47,7 +47,6 @@ import importlib.metadata
 import json
 import math
 import os
-import signal
 import statistics
 import sys
 import tempfile
@@ -284,18 +283,12 @@ class Worker(EngineProcess):
         own = _process_jiffies(self.proc.pid) - own0
         return reply, max(0, (busy1 - busy0) - own) / max(1, total1 - total0)
 
-    def pause(self) -> None:
-        os.kill(self.proc.pid, signal.SIGSTOP)
-
-    def resume(self) -> None:
-        os.kill(self.proc.pid, signal.SIGCONT)
-
 
 @contextlib.contextmanager
 def alone(measured, workers) -> Iterator[None]:
     """Stop every other engine process while ``measured`` is timed: an idle vLLM engine
     still used ~5 % of a core here (measured), which the timed engine would lose.
-    ``workers``: anything with ``pause`` and ``resume`` (a ``Worker``, a ``serve.Server``)."""
+    ``workers``: anything with ``pause`` and ``resume`` (an ``EngineProcess``, a ``serve.Server``)."""
     others = [w for w in workers if w is not measured]
     for w in others:
         w.pause()

