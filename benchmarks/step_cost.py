@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import statistics
 import sys
 import time
@@ -102,11 +101,11 @@ LEVERS = {
 
 
 def _start(name: str, lever: Lever, spec: weight_paths.WeightPathSpec, model: Path, cache: Path,
-           logs: Path, threads: int) -> EngineProcess:
-    env = {**spec.process_env(), "OMP_NUM_THREADS": str(threads),
-           "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}", **lever.env}
-    cmd = command("vllm", model, quantization=spec.quantization, env=env, cache_dir=cache,
-                  engine_args=lever.engine_args or None)
+           logs: Path) -> EngineProcess:
+    """edgepath's engine (``VllmCpu``: threads bound to every CPU this process may run on),
+    with ``lever`` applied."""
+    cmd = command("vllm", model, quantization=spec.quantization, env={**spec.process_env(), **lever.env},
+                  cache_dir=cache, engine_args=lever.engine_args or None)
     if lever.preload:
         cmd = ["env", f"LD_PRELOAD={':'.join(lever.preload)}", *cmd]
     process = EngineProcess(name, cmd, logs / f"{name}.log")
@@ -144,7 +143,6 @@ def measure_group(names: list[str], spec: weight_paths.WeightPathSpec, model: Pa
                   prompts: list[list[int]], args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     """``default`` and the levers ``names``, interleaved: their medians, ratios to
     ``default``, greedy agreement with it and profiles."""
-    threads = len(os.sched_getaffinity(0))
     prompt, batch = prompts[0], prompts[:args.batch]
     results: dict[str, dict[str, Any]] = {}
     with ExitStack() as stack:
@@ -152,7 +150,7 @@ def measure_group(names: list[str], spec: weight_paths.WeightPathSpec, model: Pa
         for name in ["default", *names]:
             started = time.perf_counter()
             processes[name] = stack.enter_context(_start(name, LEVERS[name], spec, model, args.logs / "vllm-cache",
-                                                         args.logs, threads))
+                                                         args.logs))
             print(f"step_cost: {name} up in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
         for process in processes.values():  # warm-up, not measured
             process.ask("greedy", prompts=batch, new_tokens=4)
@@ -245,7 +243,7 @@ def main() -> None:
     prompts = held_out_prompts(args.model, args.batch, PROMPT_TOKENS)
     args.logs.mkdir(parents=True, exist_ok=True)
     levers = [n for n in dict.fromkeys(args.levers) if n != "default"]
-    skipped = {n: LEVERS[n].missing() for n in levers if LEVERS[n].missing()}
+    skipped = {n: why for n in levers if (why := LEVERS[n].missing())}
     levers = [n for n in levers if n not in skipped]
     per_group = max(1, args.group - 1)
     groups = [measure_group(levers[i:i + per_group], spec, model, vocab, prompts, args)
