@@ -1,6 +1,6 @@
 """The export stage: a phone's build, an ExecuTorch program for one weight path.
 
-vLLM does not run on phones; a phone gets a program. Two paths (``PATHS``):
+vLLM does not run on phones; a phone gets a program. Three paths (``PATHS``):
 
 - ``w8a16-qnn`` (a Qualcomm NPU): the reference model traced at a fixed window,
   annotated for QNN 16a8w, calibrated on real text run through the reference
@@ -9,26 +9,32 @@ vLLM does not run on phones; a phone gets a program. Two paths (``PATHS``):
   fp32 reference over held-out text; the QNN ``model.pte`` is lowered from it
   where Qualcomm's SDK is installed, and otherwise the record says it was not
   built and why.
-- ``w4a8-xnnpack`` (any phone's CPU): 8-bit dynamic activations, 4-bit weights, an
-  8-bit embedding, a KV cache (``phone.xnnpack_8da4w``), lowered to XNNPACK and run
-  here in ExecuTorch's runtime (``engines.executorch_runtime``) against the eager
-  model quantized the same way.
+- ``w4a8-xnnpack`` and ``w8a8-xnnpack`` (a phone's CPU; ``phone.xnnpack``): 4-bit
+  weights made by GPTQ on XNNPACK's grid (calibration's text, ``quantize.gptq``'s
+  settings), or 8-bit weights rounded to nearest; int8 dynamic activations, an
+  int8 embedding, a KV cache and attention in ExecuTorch's LLM ops; lowered to
+  XNNPACK and run here in ExecuTorch's runtime (``engines.executorch_runtime``)
+  against the eager model quantized the same way and against fp32, per held-out
+  genre.
 
 Lifecycle of ``run(path, model_dir, out, settings)``:
 
 1. Refuse what cannot work before any slow step: an unknown path, an unknown SoC,
-   widths the group size does not divide, a KV cache shorter than the check, a
-   checkpoint or tokenizer that is missing or corrupt (``hf_model.inspect``), a
+   widths XNNPACK's 4-bit group does not divide, a KV cache shorter than the check,
+   a checkpoint or tokenizer that is missing or corrupt (``hf_model.inspect``), a
    corpus too short.
-2. Build the program and measure it against its reference (per path, above).
+2. Build the program and measure it against its references (per path, above).
 3. Gate: a QNN program whose parity against fp32 is below ``export.qnn``'s
-   ``min_top1`` or ``min_sqnr_db`` (set from benchmarks/phone_calibration.py), or an
-   XNNPACK program that disagrees with its eager model (``export.xnnpack.min_top1``),
-   is refused. An export without a calibration record and a parity figure is
-   never written: the record's schema requires both.
+   ``min_top1`` or ``min_sqnr_db`` (set from benchmarks/phone_calibration.py) is
+   refused. An XNNPACK program is refused where it disagrees with its eager model
+   (``export.xnnpack.min_top1``: a lowering or runtime fault) or with fp32
+   (``min_top1_fp32``: the fidelity the phone gets; checked on the eager model
+   before the minutes of lowering, and on the program after). An export without a
+   calibration record and a passed parity gate is never written: the record's
+   schema requires both.
 4. Write atomically (``records.output_directory``): the program(s), the tokenizer,
    chat template and generation settings the app needs with it, and ``export.json``
-   (schema ``export`` v1). An interrupted or refused run leaves ``out`` as it was;
+   (schema ``export`` v2). An interrupted or refused run leaves ``out`` as it was;
    ``out`` replaces only an earlier export (never the model directory or a folder
    of anything else).
 """
@@ -48,14 +54,16 @@ from typing import Any
 from . import __version__, files, hf_model, records, weight_paths
 from .command import Command
 from .errors import EdgepathError
-from .fleet import Calibration, check_namespace, namespace
+from .fleet import Calibration, Gptq, check_namespace, namespace
+from .select import PHONE_MIN_TOP1
 from .weight_paths import XNNPACK_GROUP_SIZE, Stage
 
 RECORD_NAME = records.FILE_NAMES["export"]
 QNN = "w8a16-qnn"
 XNNPACK = "w4a8-xnnpack"
+XNNPACK_8BIT = "w8a8-xnnpack"
 PATHS = tuple(weight_paths.built_by(Stage.EXPORT))
-assert set(PATHS) == {QNN, XNNPACK}, "every export path of the registry has its builder here"
+assert set(PATHS) == {QNN, XNNPACK, XNNPACK_8BIT}, "every export path of the registry has its builder here"
 PROGRAM_NAME = "program.pt2"
 PTE_NAME = "model.pte"
 _SIDE_FILES = ("generation_config.json", "chat_template.jinja")
@@ -78,40 +86,42 @@ class QnnSettings:
 class XnnpackSettings:
     """``export.xnnpack`` in params.yaml."""
 
-    group_size: int = XNNPACK_GROUP_SIZE
     max_seq_len: int = 512
     threads: int = 2
     check_tokens: int = 256
     greedy_tokens: int = 32
     decode_tokens: int = 64
+    prefill_tokens: int = 128
     rounds: int = 3
     min_top1: float = 0.7
+    min_top1_fp32: float = PHONE_MIN_TOP1
 
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
     qnn: QnnSettings = QnnSettings()
     xnnpack: XnnpackSettings = XnnpackSettings()
-    corpus: str = Calibration.corpus
-    holdout: tuple[str, ...] = Calibration.holdout
-    seed: int = 0
+    calibration: Calibration = Calibration()
+    gptq: Gptq = Gptq()
+    """``quantize.gptq``: the XNNPACK program's GPTQ runs as the quantize stage's does."""
 
     @classmethod
     def from_params(cls, export: dict[str, Any] | None, calibration: dict[str, Any] | None,
-                    where: str = "params") -> "Settings":
+                    quantize: dict[str, Any] | None = None, where: str = "params") -> "Settings":
         """``export``: params.yaml's ``export`` namespace (``paths``, ``qnn``, ``xnnpack``);
-        ``calibration``: its ``calibration`` namespace, whose corpus, held-out documents and
-        seed every build shares. Both are checked against params.yaml's schema (unknown
-        keys and wrong types refused, naming ``where`` and the key)."""
+        ``calibration``: its ``calibration`` namespace, whose text every build shares;
+        ``quantize``: its ``quantize`` namespace, whose ``gptq`` settings the XNNPACK
+        program's GPTQ takes. All are checked against params.yaml's schema (unknown keys
+        and wrong types refused, naming ``where`` and the key)."""
         export = check_namespace("export", export, where)
-        shared = Calibration.from_params(calibration, where)
         return cls(QnnSettings(**(export.get("qnn") or {})), XnnpackSettings(**(export.get("xnnpack") or {})),
-                   shared.corpus, shared.holdout, shared.seed)
+                   Calibration.from_params(calibration, where), Gptq.from_params(quantize, where))
 
     @classmethod
     def from_file(cls, params: str | Path) -> "Settings":
-        """``from_params`` on a params file's ``export`` and ``calibration`` namespaces."""
-        return cls.from_params(namespace(params, "export"), namespace(params, "calibration"), str(params))
+        """``from_params`` on a params file's ``export``, ``calibration`` and ``quantize`` namespaces."""
+        return cls.from_params(namespace(params, "export"), namespace(params, "calibration"),
+                               namespace(params, "quantize"), str(params))
 
 
 def _progress(message: str) -> None:
@@ -148,12 +158,13 @@ def check_path(path: str, settings: Settings, info: dict[str, Any]) -> None:
         x = settings.xnnpack
         config = info["config"]
         widths = {config["hidden_size"], config["intermediate_size"]}
-        bad = sorted(w for w in widths if x.group_size < 1 or w % x.group_size)
-        if bad:
-            raise EdgepathError(f"export.xnnpack.group_size {x.group_size} does not divide the model's linear "
-                                f"input widths {bad}")
-        if x.threads < 1 or x.rounds < 3 or x.check_tokens < 2:
-            raise EdgepathError("export.xnnpack: threads >= 1, rounds >= 3 (medians) and check_tokens >= 2 are needed")
+        bad = sorted(w for w in widths if w % XNNPACK_GROUP_SIZE)
+        if path == XNNPACK and bad:
+            raise EdgepathError(f"{path}: the model's linear input widths {bad} are not multiples of XNNPACK's "
+                                f"4-bit weight group ({XNNPACK_GROUP_SIZE}); no program was built")
+        if x.threads < 1 or x.rounds < 3 or x.check_tokens < 2 or x.prefill_tokens < 2:
+            raise EdgepathError("export.xnnpack: threads >= 1, rounds >= 3 (medians), check_tokens >= 2 and "
+                                "prefill_tokens >= 2 are needed")
 
 
 def run(path: str, model_dir: str | Path, out: str | Path, settings: Settings = Settings()) -> dict[str, Any]:
@@ -169,10 +180,10 @@ def run(path: str, model_dir: str | Path, out: str | Path, settings: Settings = 
 
     started = time.monotonic()
     tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
-    corpus = calibration.load_corpus(settings.corpus, list(settings.holdout))
-    build = _build_qnn if path == QNN else _build_xnnpack
+    corpus = calibration.load_corpus(settings.calibration.corpus, list(settings.calibration.holdout))
     with records.output_directory(out, "export", sources=[model_dir]) as scratch:
-        sections = build(model_dir, tokenizer, corpus, settings, scratch)
+        sections = (_build_qnn(model_dir, tokenizer, corpus, settings, scratch) if path == QNN
+                    else _build_xnnpack(path, model_dir, tokenizer, corpus, settings, scratch))
         for name in [*info["tokenizer_files"], *_SIDE_FILES]:
             if (model_dir / name).is_file():
                 (scratch / name).write_bytes((model_dir / name).read_bytes())
@@ -195,7 +206,8 @@ def _build_qnn(model_dir: Path, tokenizer, corpus, settings: Settings, scratch: 
     from . import calibration
 
     s = settings.qnn
-    calib = calibration.calibration_set(tokenizer, corpus, s.samples, s.window, s.chat_fraction, settings.seed)
+    calib = calibration.calibration_set(tokenizer, corpus, s.samples, s.window, s.chat_fraction,
+                                         settings.calibration.seed)
     held_out = calibration.evaluation_set(tokenizer, corpus, s.parity_windows, s.window)
     model = graph.load_reference(model_dir)
     _progress(f"{QNN}: calibrating QNN 16a8w for {s.soc} on {s.samples} x {s.window} tokens of real text")
@@ -237,45 +249,101 @@ def _build_qnn(model_dir: Path, tokenizer, corpus, settings: Settings, scratch: 
     }
 
 
-def _build_xnnpack(model_dir: Path, tokenizer, corpus, settings: Settings, scratch: Path) -> dict[str, Any]:
+def _quantize_for_xnnpack(path: str, model, tokenizer, corpus, settings: Settings) -> tuple[dict[str, Any], str]:
+    """Quantize ``model`` in place by ``path``'s recipe (``phone.xnnpack``); returns the
+    record's ``calibration`` (which quantization made the weights, on what text) and
+    the program's precision in a phrase."""
+    from .phone import xnnpack
+    from . import calibration
+
+    text = settings.calibration
+    if path == XNNPACK:
+        calib = calibration.calibration_set(tokenizer, corpus, text.samples, text.length, text.chat_fraction,
+                                            text.seed)
+        _progress(f"{path}: GPTQ on {text.samples} x {text.length} calibration tokens, XNNPACK's grid "
+                  f"(symmetric, group {XNNPACK_GROUP_SIZE}, positive bf16 scales)")
+        gptq_started = time.monotonic()
+        layers = xnnpack.quantize_8da4w(model, calib.tokens, **dataclasses.asdict(settings.gptq))
+        weights = {"algorithm": "gptq", "grid": f"symmetric int4, group {XNNPACK_GROUP_SIZE}, one positive scale "
+                                                f"per group exact in bf16",
+                   **dataclasses.asdict(settings.gptq), "signed": False,
+                   "int4_weights": sum(q.codes.numel() for q in layers.values()),
+                   "gptq_s": round(time.monotonic() - gptq_started, 1),
+                   "shared_with_q4_0_gguf": False,
+                   "why_own_run": ("q4_0-gguf's GPTQ searches each scale's sign too and stores negative scales, "
+                                   "which XNNPACK refuses (the program fails to load: xnn_status_invalid_parameter); "
+                                   "the grids differ, so this program runs GPTQ on its own grid")}
+        calibration_record = {**calib.record, "weights": weights,
+                              "inputs": "the reference model's layer inputs (fp32) over the calibration windows, "
+                                        "for GPTQ; activations are quantized per token at run time"}
+        precision = (f"int4 symmetric GPTQ weights in groups of {XNNPACK_GROUP_SIZE} (bf16 scales) in the decoder "
+                     f"but its key and value projections; those and the output head int8 per channel; int8 "
+                     f"dynamic per-token activations; int8 per-row embedding")
+    else:
+        xnnpack.quantize_8da8w(model)
+        calibration_record = {"weights": {"algorithm": "round-to-nearest", "grid": "symmetric int8, one scale per "
+                                                                                  "output channel"},
+                              "inputs": "none needed: 8-bit weights are rounded to nearest, activations are "
+                                        "quantized per token at run time"}
+        precision = ("int8 per-channel weights in every linear, the output head included; int8 dynamic per-token "
+                     "activations; int8 per-row embedding")
+    return calibration_record, precision
+
+
+def _build_xnnpack(path: str, model_dir: Path, tokenizer, corpus, settings: Settings,
+                   scratch: Path) -> dict[str, Any]:
     import torch
 
     from .engines import executorch_runtime
-    from .phone import graph, xnnpack_8da4w
+    from .phone import graph, xnnpack
     from .phone.parity import Parity
     from .prompts import fixed_prompt_ids
     from . import calibration
     from .gptq.evaluate import common_prefix
 
     x = settings.xnnpack
-    ids = calibration.evaluation_set(tokenizer, corpus, 1, x.check_tokens)[0]
+    genres = {g: w[0] for g, w in calibration.held_out_genres(tokenizer, corpus, 1, x.check_tokens).items()}
+    prefill = calibration.evaluation_set(tokenizer, corpus, 1, x.prefill_tokens)[0].tolist()
     prompts = fixed_prompt_ids(tokenizer)
-    need = max(x.check_tokens, max(map(len, prompts)) + max(x.greedy_tokens, x.decode_tokens))
+    need = max(x.check_tokens, x.prefill_tokens, max(map(len, prompts)) + max(x.greedy_tokens, x.decode_tokens))
     if x.max_seq_len < need:
         raise EdgepathError(f"export.xnnpack.max_seq_len {x.max_seq_len} holds fewer positions than the check "
                             f"uses ({need}); nothing was built")
     model = graph.load_reference(model_dir)
     with torch.no_grad():
-        fp32 = model(input_ids=ids[None], use_cache=False).logits[0]
-        xnnpack_8da4w.quantize(model, x.group_size)
-        eager = model(input_ids=ids[None], use_cache=False).logits[0]
-    _progress(f"{XNNPACK}: lowering to XNNPACK (8da4w, group {x.group_size}, KV cache {x.max_seq_len}); "
-              f"single-threaded, minutes")
+        fp32 = {g: model(input_ids=ids[None], use_cache=False).logits[0] for g, ids in genres.items()}
+    calibration_record, precision = _quantize_for_xnnpack(path, model, tokenizer, corpus, settings)
+    eager_vs_fp32 = Parity()
+    with torch.no_grad():
+        eager = {g: model(input_ids=ids[None], use_cache=False).logits[0] for g, ids in genres.items()}
+    for genre in genres:
+        eager_vs_fp32.add(fp32[genre][:-1], eager[genre][:-1])
+    eager_top1 = eager_vs_fp32.result()["top1_agreement"]
+    if eager_top1 < x.min_top1_fp32:  # the program can only track its eager model: refuse before the lowering
+        raise EdgepathError(
+            f"{path}: the quantized model (eager, before lowering) agrees with fp32 on top-1 {eager_top1:.3f} < "
+            f"{x.min_top1_fp32} (export.xnnpack.min_top1_fp32); nothing was lowered or written")
+    _progress(f"{path}: lowering to XNNPACK (KV cache {x.max_seq_len}, ExecuTorch's custom SDPA); minutes")
     lowering_started = time.monotonic()
-    (scratch / PTE_NAME).write_bytes(xnnpack_8da4w.export(model, x.max_seq_len))
+    (scratch / PTE_NAME).write_bytes(xnnpack.export(model, x.max_seq_len))
     lowering_s = time.monotonic() - lowering_started
 
     executorch_runtime.set_threads(x.threads)
     program = executorch_runtime.PteDecoder(scratch / PTE_NAME, x.max_seq_len)
-    _progress(f"{XNNPACK}: lowered in {lowering_s:.0f} s; checking in ExecuTorch's runtime")
-    pte_logits = program.logits(ids.tolist())
-    vs_eager, vs_fp32, eager_vs_fp32 = Parity(), Parity(), Parity()
-    vs_eager.add(eager[:-1], pte_logits[:-1])
-    vs_fp32.add(fp32[:-1], pte_logits[:-1])
-    eager_vs_fp32.add(fp32[:-1], eager[:-1])
-    # the .pte's greedy continuation, checked by one teacher-forced pass of the eager model
-    # over it: greedy decoding agrees up to the first position where the eager model's
-    # argmax differs from the token the .pte chose
+    _progress(f"{path}: lowered in {lowering_s:.0f} s; checking in ExecuTorch's runtime on "
+              f"{len(genres)} genres x {x.check_tokens} held-out tokens")
+    vs_eager, vs_fp32 = Parity(), Parity()
+    per_genre = {}
+    for genre, ids in genres.items():
+        pte_logits = program.logits(ids.tolist())[:-1]
+        vs_eager.add(eager[genre][:-1], pte_logits)
+        vs_fp32.add(fp32[genre][:-1], pte_logits)
+        one = Parity()
+        one.add(fp32[genre][:-1], pte_logits)
+        per_genre[genre] = one.result()
+    # the .pte's greedy continuation (its prompt prefilled in one call), checked by one
+    # teacher-forced pass of the eager model over it: greedy decoding agrees up to the
+    # first position where the eager model's argmax differs from the token the .pte chose
     prefixes = []
     for prompt in prompts:
         continuation = program.greedy(prompt, x.greedy_tokens)
@@ -283,27 +351,39 @@ def _build_xnnpack(model_dir: Path, tokenizer, corpus, settings: Settings, scrat
             logits = model(input_ids=torch.tensor([prompt + continuation[:-1]]), use_cache=False).logits[0]
         prefixes.append(common_prefix(logits[len(prompt) - 1:].argmax(-1).tolist(), continuation))
     del model
-    rates = program.decode_seconds_per_token(prompts[0], x.decode_tokens, x.rounds)
-    against_eager = vs_eager.result()
+    decode = program.decode_seconds_per_token(prompts[0], x.decode_tokens, x.rounds)
+    prefill_rates = program.prefill_seconds_per_token(prefill, x.rounds)
+    against_eager, against_fp32 = vs_eager.result(), vs_fp32.result()
+    worst = min(per_genre, key=lambda g: per_genre[g]["top1_agreement"])
+    passed_fp32 = against_fp32["top1_agreement"] >= x.min_top1_fp32
     passed = against_eager["top1_agreement"] >= x.min_top1
-    _progress(f"{XNNPACK}: top-1 against eager {against_eager['top1_agreement']:.3f}, greedy "
-              f"{sum(p == x.greedy_tokens for p in prefixes)}/{len(prompts)} prompts reproduced, decode "
-              f"{statistics.median(1 / r for r in rates):.1f} tok/s on {x.threads} threads")
+    _progress(f"{path}: top-1 against fp32 {against_fp32['top1_agreement']:.3f} (worst genre {worst} "
+              f"{per_genre[worst]['top1_agreement']:.3f}), against eager {against_eager['top1_agreement']:.3f}; "
+              f"greedy {sum(p == x.greedy_tokens for p in prefixes)}/{len(prompts)} prompts reproduced; decode "
+              f"{statistics.median(1 / r for r in decode):.1f} tok/s, prefill "
+              f"{statistics.median(1 / r for r in prefill_rates):.0f} tok/s on {x.threads} threads")
     if not passed:
         raise EdgepathError(
-            f"{XNNPACK}: the .pte disagrees with the eager model quantized the same way (teacher-forced top-1 "
+            f"{path}: the .pte disagrees with the eager model quantized the same way (teacher-forced top-1 "
             f"{against_eager['top1_agreement']:.3f} < {x.min_top1}, export.xnnpack.min_top1): a lowering or "
             f"runtime fault; nothing was written")
+    if not passed_fp32:
+        raise EdgepathError(
+            f"{path}: the .pte's agreement with fp32 is below the gate (teacher-forced top-1 "
+            f"{against_fp32['top1_agreement']:.3f} < {x.min_top1_fp32}, export.xnnpack.min_top1_fp32): the "
+            f"quantization lost too much; nothing was written")
     return {
-        "program": {"file": PTE_NAME, "format": "ExecuTorch .pte, XNNPACK delegate",
-                    "inputs": f"input_ids [1, 1] int64, cache_position [1] int64; KV cache of {x.max_seq_len} "
-                              f"positions in the program's mutable buffers",
-                    "precision": f"8da4w: int4 symmetric weights in groups of {x.group_size} (head included), "
-                                 f"int8 dynamic per-token activations, int8 per-row embedding",
-                    "lowering_s": round(lowering_s, 1)},
-        "calibration": {"inputs": "none needed: activations are quantized per token at run time, weights from "
-                                  "their own ranges"},
-        "parity": {"against": "the fp32 reference", "windows": 1, "length": x.check_tokens, **vs_fp32.result()},
+        "program": {"file": PTE_NAME, "format": "ExecuTorch .pte, XNNPACK delegate, ExecuTorch's LLM ops",
+                    "inputs": f"tokens [1, S] int64 (S from 1 to {x.max_seq_len - 1}), input_pos [1] int64 -> "
+                              f"logits [1, 1, vocab] of the last token; KV cache of {x.max_seq_len} positions "
+                              f"in the program's mutable buffers (llama::update_cache), attention by "
+                              f"llama::custom_sdpa over the filled positions",
+                    "precision": precision, "lowering_s": round(lowering_s, 1)},
+        "calibration": calibration_record,
+        "parity": {"against": "the fp32 reference", "windows": len(genres), "length": x.check_tokens,
+                   **against_fp32, "genres": per_genre,
+                   "worst": {"genre": worst, "top1_agreement": per_genre[worst]["top1_agreement"]},
+                   "gate": {"min_top1": x.min_top1_fp32}, "passed": passed_fp32},
         "pte": {"state": "built", "detail": "lowered to XNNPACK here and run in ExecuTorch's runtime"},
         "runtime_check": {
             "engine": f"executorch {importlib.metadata.version('executorch')} runtime, XNNPACK, this host's CPU",
@@ -315,8 +395,10 @@ def _build_xnnpack(model_dir: Path, tokenizer, corpus, settings: Settings, scrat
             "greedy": {"prompts": len(prompts), "tokens": x.greedy_tokens,
                        "reproduced": sum(p == x.greedy_tokens for p in prefixes),
                        "mean_common_prefix": round(statistics.mean(prefixes), 2)},
-            "decode_tok_s": executorch_runtime.median_tok_s(rates),
+            "decode_tok_s": executorch_runtime.median_tok_s(decode),
             "decode": {"tokens": x.decode_tokens, "rounds": x.rounds, "batch": 1},
+            "prefill_tok_s": executorch_runtime.median_tok_s(prefill_rates),
+            "prefill": {"tokens": x.prefill_tokens, "rounds": x.rounds, "batch": 1},
             "passed": passed,
         },
     }
@@ -339,9 +421,9 @@ def _cmd(args: argparse.Namespace) -> None:
 
 
 def _arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--path", required=True, help="w8a16-qnn or w4a8-xnnpack")
+    p.add_argument("--path", required=True, help=", ".join(PATHS))
     p.add_argument("--model", default="build/model/model.json", help="the model record, or a Hugging Face directory")
-    p.add_argument("--params", default="params.yaml", help="export settings and calibration's corpus")
+    p.add_argument("--params", default="params.yaml", help="export settings, calibration's text, quantize.gptq")
     p.add_argument("--out", required=True, help="output directory (replaced atomically; only an earlier export)")
 
 
@@ -353,9 +435,13 @@ COMMAND = Command("export", "a phone's build: an ExecuTorch program", """\
     calibration record and its parity against fp32 (top-1, KL, logit SQNR),
     refused below export.qnn's gate; lowered to a QNN model.pte only where
     QNN_SDK_ROOT points to Qualcomm's SDK, otherwise the record says why not.
-    w4a8-xnnpack (any phone's CPU): int4 weights, int8 dynamic activations, int8
-    embedding, a KV cache, lowered to XNNPACK (slow: minutes, one core) and run
-    here in ExecuTorch's runtime against the eager model quantized the same way.
+    w4a8-xnnpack (a phone's CPU): int4 weights made by GPTQ on calibration's
+    text (minutes), the key and value projections and the head int8; w8a8-xnnpack:
+    int8 weights rounded to nearest. Both: int8 dynamic activations, int8
+    embedding, a KV cache and attention in ExecuTorch's custom ops, lowered to
+    XNNPACK (slow: minutes, one core) and run here in ExecuTorch's runtime against
+    the eager model quantized the same way (export.xnnpack.min_top1) and against
+    fp32 on every held-out genre (min_top1_fp32), refused below either gate.
     OUT also holds the tokenizer and generation settings, and export.json.
 
     example:  edgepath export --path w4a8-xnnpack --out build/exports/w4a8-xnnpack""", _arguments, _cmd)

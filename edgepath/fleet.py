@@ -149,6 +149,21 @@ class Calibration:
         return cls(**{**section, **({"holdout": tuple(section["holdout"])} if "holdout" in section else {})})
 
 
+@dataclasses.dataclass(frozen=True)
+class Gptq:
+    """``quantize.gptq``: the settings of every GPTQ run, the quantize stage's and the
+    XNNPACK export's (params.yaml gives each value's measurement)."""
+
+    search: str = "output-error"
+    damp: float = 0.01
+    group_order: bool = True
+
+    @classmethod
+    def from_params(cls, quantize: Mapping[str, Any] | None, where: str = "params") -> Gptq:
+        """From params.yaml's ``quantize`` namespace, checked against its schema."""
+        return cls(**(check_namespace("quantize", quantize, where).get("gptq") or {}))
+
+
 # Namespaces that list weight paths, and the stage that must build each: the names are
 # the registry's (``weight_paths``), so a new path needs no edit of the schema.
 _PATH_LISTS = {"quantize": Stage.QUANTIZE, "export": Stage.EXPORT}

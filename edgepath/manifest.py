@@ -177,15 +177,22 @@ def _export_artifacts(directory: Path, record: dict[str, Any], base: Path) -> li
 def _export_detail(record: dict[str, Any]) -> str:
     parity, pte = record["parity"], record["pte"]
     sqnr = "exact" if parity["logit_sqnr_db"] is None else f"{parity['logit_sqnr_db']:.1f} dB"
-    against_fp32 = (f"top-1 {parity['top1_agreement']:.3f}, KL {parity['kl_nats']:.4f} nats, logit SQNR {sqnr} "
-                    f"against fp32 on {parity['positions']} held-out positions")
+    worst = (f" (worst genre {parity['worst']['genre']} {parity['worst']['top1_agreement']:.3f})"
+             if "worst" in parity else "")
+    against_fp32 = (f"top-1 {parity['top1_agreement']:.3f}{worst}, KL {parity['kl_nats']:.4f} nats, logit SQNR {sqnr} "
+                    f"against fp32 on {parity['positions']} held-out positions, passing the gate (top-1 >= "
+                    f"{parity['gate']['min_top1']})")
     if "soc" in record["program"]:
         calibration = record["calibration"]
         made = (f"export@{record['path']}: {record['program']['precision']} for {record['program']['soc']}, calibrated "
                 f"on {calibration['samples']} x {calibration['length']} tokens of {calibration['corpus']} "
                 f"({calibration['chat_samples']} chat turns); {against_fp32}")
     else:
-        made = f"export@{record['path']}: {record['program']['precision']}; {against_fp32}"
+        calibration = record["calibration"]
+        on = (f" calibrated on {calibration['samples']} x {calibration['length']} tokens of {calibration['corpus']}"
+              if "samples" in calibration else "")
+        made = (f"export@{record['path']}: {record['program']['precision']}, weights by "
+                f"{calibration['weights']['algorithm']}{on}; {against_fp32}")
     return f"{made}; .pte {pte['state']}" + ("" if pte["state"] == "built" else f": {pte['detail']}")
 
 
@@ -281,8 +288,9 @@ def _export_verification(name: str, export: dict[str, Any]) -> dict[str, Any]:
     eager, greedy = check["against_eager"], check["greedy"]
     return {"state": "checked off-device",
             "detail": (f"{name}'s .pte ran in {check['engine']} (the build host, not a phone): teacher-forced top-1 "
-                       f"{eager['top1_agreement']:.3f} against {eager['what']} (against fp32: the .pte "
-                       f"{export['parity']['top1_agreement']:.3f}, the eager model "
+                       f"{eager['top1_agreement']:.3f} against {eager['what']} (gate {eager['min_top1']}: a "
+                       f"lowering fault), {export['parity']['top1_agreement']:.3f} against fp32 (gate "
+                       f"{export['parity']['gate']['min_top1']}: the fidelity the phone gets; the eager model "
                        f"{check['eager_against_fp32']['top1_agreement']:.3f}), {greedy['reproduced']}/"
                        f"{greedy['prompts']} prompts reproduced over {greedy['tokens']} tokens; no phone ran it")}
 
@@ -377,7 +385,10 @@ def target_metrics(manifest: dict[str, Any]) -> dict[str, Any]:
             parity, check = t["export"]["parity"], t["export"].get("runtime_check")
             metrics[t["tag"]] = {"top1_vs_fp32": parity["top1_agreement"], "kl_vs_fp32": parity["kl_nats"],
                                  "logit_sqnr_db": parity["logit_sqnr_db"],
-                                 **({"off_device_decode_tok_s": check["decode_tok_s"]["median"]} if check else {})}
+                                 **({"worst_genre_top1_vs_fp32": parity["worst"]["top1_agreement"]}
+                                    if "worst" in parity else {}),
+                                 **({"off_device_decode_tok_s": check["decode_tok_s"]["median"],
+                                     "off_device_prefill_tok_s": check["prefill_tok_s"]["median"]} if check else {})}
     return metrics
 
 

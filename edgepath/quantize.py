@@ -59,7 +59,7 @@ from . import __version__, engine_check, files, hf_model, records, shapes, weigh
 from .command import Command
 from .errors import EdgepathError
 from .fidelity import headline, increase_percent
-from .fleet import Calibration, check_namespace
+from .fleet import Calibration, Gptq, check_namespace
 from .weight_paths import Engine, Grid, Stage, WeightPathSpec
 
 REPORT_NAME = records.FILE_NAMES["quantization"]
@@ -84,9 +84,9 @@ class Settings:
     vLLM on SmolLM2-135M (16 x 512 held-out tokens per genre): none kept +8.78 % mean
     perplexity, four +7.98 %, each at 0.094 more bits per weight (docs/quantize.md)."""
     calibration: Calibration = Calibration()
-    search: str = "output-error"
-    damp: float = 0.01
-    group_order: bool = True
+    search: str = Gptq.search
+    damp: float = Gptq.damp
+    group_order: bool = Gptq.group_order
     eval_windows: int = 8
     """Held-out windows per genre (0: no perplexity measured). 8, not the benchmark's 16,
     to keep the stage's time bounded: 8 x 512 tokens on each of five genres is already

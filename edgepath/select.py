@@ -3,9 +3,10 @@
 ``select_weight_path(profile, priority, engine=...)`` is the whole decision, in
 the order that matters (``coverage.device_class``): an accelerator decides first
 (a GPU runs bf16 in vLLM; a phone gets an exported ExecuTorch program: QNN for a
-Qualcomm NPU, XNNPACK for any other phone), then the CPU's ISA (AMX tiles, or
-AVX512-VNNI with vLLM's AVX512-BF16 kernel build, take vLLM's W4A8 kernel, other
-CPUs its tinygemm W4A16), then the engine:
+Qualcomm NPU, XNNPACK for any other phone, its 4-bit or 8-bit program by the
+priority and the programs' measured fidelity, ``PHONE_MIN_TOP1``), then the CPU's
+ISA (AMX tiles, or AVX512-VNNI with vLLM's AVX512-BF16 kernel build, take vLLM's
+W4A8 kernel, other CPUs its tinygemm W4A16), then the engine:
 
 - ``engine`` is the target's wish (``ENGINES``): ``vllm``, ``llama.cpp`` (the
   ``q4_0-gguf`` build: a CPU's or a phone's CPU), ``executorch`` (a phone), or
@@ -113,7 +114,7 @@ def _gpu_path(p: HardwareProfile) -> WeightPath:
     ), None)
 
 
-def _phone_path(p: HardwareProfile) -> WeightPath:
+def _phone_path(p: HardwareProfile, priority: str) -> WeightPath:
     if coverage.qnn_npu_usable(p):
         driver = f"driver {p.npu_driver}" if p.npu_driver else "no driver information in its profile"
         return _selected("w8a16-qnn", (
@@ -132,11 +133,39 @@ def _phone_path(p: HardwareProfile) -> WeightPath:
                f"export can be lowered for")
     else:
         why = "it has no NPU"
-    return _selected("w4a8-xnnpack", (
+    name, how = _phone_cpu_program(priority)
+    return _selected(name, (
         f"The device is a phone ({_cpu_desc(p)}, kernel {p.kernel_release}) that vLLM does not run on, "
-        f"and {why}, so it gets an ExecuTorch program for its CPU: XNNPACK with 4-bit weights, 8-bit "
-        f"dynamic activations and an 8-bit embedding, with a KV cache."
+        f"and {why}, so it gets an ExecuTorch program for its CPU (XNNPACK, int8 dynamic activations, a KV "
+        f"cache and attention in ExecuTorch's LLM ops). {how}"
     ), None, notes)
+
+
+PHONE_CPU_PROGRAMS = ("w4a8-xnnpack", "w8a8-xnnpack")
+PHONE_MIN_TOP1 = 0.80
+"""The fidelity floor of a phone CPU program chosen for speed: teacher-forced top-1
+agreement with fp32 over the held-out genres (``weight_paths.ProgramFidelity``). The
+goal the 4-bit program's GPTQ rebuild was set; in the run that measured both, the
+rebuild scored 0.835 and the program with round-to-nearest weights before it 0.642
+(benchmarks/results/phone.md)."""
+
+
+def _phone_cpu_program(priority: str) -> tuple[str, str]:
+    """(path, the sentence that says why) of a phone CPU's program for ``priority``:
+    for speed, the fastest measured program that passes ``PHONE_MIN_TOP1``, or the most
+    faithful where none does; for fidelity, the most faithful."""
+    measured = {name: weight_paths.get(name).program for name in PHONE_CPU_PROGRAMS}
+    figures = "; ".join(f"{name}: {m}" for name, m in measured.items())
+    faithful = max(measured, key=lambda n: measured[n].top1_vs_fp32)
+    if priority == "fidelity":
+        return faithful, f"For fidelity it gets the program that agreed most with fp32, as measured: {figures}."
+    passing = [n for n, m in measured.items() if m.top1_vs_fp32 >= PHONE_MIN_TOP1]
+    if not passing:
+        return faithful, (f"No program reached top-1 {PHONE_MIN_TOP1:.2f} against fp32, so it gets the most "
+                          f"faithful one, as measured: {figures}.")
+    fastest = max(passing, key=lambda n: measured[n].decode_tok_s)
+    return fastest, (f"For speed it gets the fastest program whose top-1 against fp32 reached "
+                     f"{PHONE_MIN_TOP1:.2f}, as measured off-device: {figures}.")
 
 
 def _w4a8_path(p: HardwareProfile, linears) -> WeightPath:
@@ -248,7 +277,7 @@ def select_weight_path(
     if device is DeviceClass.GPU:
         return _gpu_path(profile)
     if device is DeviceClass.PHONE:
-        phone = _phone_path(profile)
+        phone = _phone_path(profile, priority)
         return phone if engine != AUTO else _with_note(phone, (
             f"engine auto: no llama.cpp build was measured on a phone's CPU, so it keeps the ExecuTorch program; "
             f"`engine: llama.cpp` in params.yaml gives it {GGUF_PATH}"))
@@ -324,7 +353,8 @@ COMMAND = Command("select", "choose a device's weight path", """\
     In vLLM, x86 CPUs with AMX, or with AVX512-VNNI and AVX512-BF16, get
     w4a8-gptq (GPTQ, vLLM's int4 x int8 kernel) for speed; other x86 CPUs,
     priority 'fidelity' and Arm CPUs get w4a16-tinygemm; a phone gets an ExecuTorch export (w8a16-qnn with a Qualcomm NPU,
-    w4a8-xnnpack otherwise); CUDA GPUs run bf16 (fp16 without bf16). With
+    otherwise w4a8-xnnpack for speed where its measured top-1 against fp32 reaches 0.80,
+    w8a8-xnnpack for fidelity); CUDA GPUs run bf16 (fp16 without bf16). With
     --engine llama.cpp a CPU or a phone gets q4_0-gguf; with --engine auto (the
     default) a CPU gets whichever of its vLLM path and q4_0-gguf measured better
     for the priority on its CPU tier, the figures cited in the rationale. --model

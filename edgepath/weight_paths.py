@@ -97,6 +97,24 @@ class HeldOut:
 
 
 @dataclasses.dataclass(frozen=True)
+class ProgramFidelity:
+    """A phone program's measured fidelity and speed, run in ExecuTorch's runtime on a
+    build host (x86_64, not a phone): teacher-forced top-1 agreement with the fp32
+    model over the held-out genres, pooled and on the worst genre, and its batch-1
+    decode there. The selector picks a phone CPU's program by it."""
+
+    top1_vs_fp32: float
+    worst_genre: str
+    worst_top1: float
+    decode_tok_s: float
+    measured: str
+
+    def __str__(self) -> str:
+        return (f"top-1 {self.top1_vs_fp32:.3f} against fp32 over the held-out genres (worst: {self.worst_genre} "
+                f"{self.worst_top1:.3f}), {self.decode_tok_s:.1f} tok/s ({self.measured})")
+
+
+@dataclasses.dataclass(frozen=True)
 class VllmKernel:
     """The operator vLLM's CPU backend runs for one checkpoint format in one activation
     mode, and the engine check's pass mark for it: teacher-forced top-1 agreement with
@@ -170,6 +188,8 @@ class WeightPathSpec:
     """Its measured decode, one entry per CPU tier it was measured on."""
     held_out: HeldOut | None = None
     """Its measured fidelity on the held-out genres."""
+    program: ProgramFidelity | None = None
+    """A phone program's measured fidelity against fp32 and decode, off-device."""
 
     def __post_init__(self) -> None:
         assert not (self.group_rule and self.fixed_group), f"{self.name}: a group rule or a fixed group, not both"
@@ -234,8 +254,10 @@ class WeightPathSpec:
         return self.group_rule.choose_group_size(linears)
 
 
-# XNNPACK 8da4w weight group: divides every SmolLM2/Llama width (576, 1536) and is
-# the group optimum-executorch's xnnpack recipe uses.
+# XNNPACK 8da4w weight group: divides every SmolLM2/Llama width (576, 1536), is the
+# group optimum-executorch's xnnpack recipe uses, and GPTQ on the symmetric grid lost
+# least there: +6.60 % mean held-out perplexity at 32 against +9.60 % at 64
+# (benchmarks/results/calibration.md).
 XNNPACK_GROUP_SIZE = 32
 
 # Where the builds' own figures were measured (benchmarks/results/): SmolLM2-135M, 2 cores.
@@ -243,6 +265,11 @@ _AVX2_RUN = "benchmark stage, AMD EPYC (AVX2), 2 cores, 2026-12-03; benchmarks/r
 _ZEN4_RUN = "benchmark stage, AMD EPYC Zen 4, 2 cores, 2026-12-05; benchmarks/results/engine_auto.md"
 _HELD_OUT_RUN = "16 x 512 held-out tokens per genre, each in its own engine; " + _ZEN4_RUN
 _ZEN4_W4A8_RUN = "benchmark stage, AMD EPYC Zen 4, 2 cores, 2026-12-06; benchmarks/results/w4a8_vnni.md"
+_PHONE_RUN = ("ExecuTorch's runtime on an x86_64 AMD EPYC (AVX2), not a phone, 2 threads, 5 genres x 256 "
+              "held-out tokens, 2026-12-06; benchmarks/results/phone.md")
+
+_XNNPACK_RUN_HERE = ("run here in ExecuTorch's runtime with XNNPACK on x86_64 and checked against the eager model "
+                     "quantized the same way and against fp32; XNNPACK's arm64 kernels differ")
 
 _FUSED_NORMS_OFF = Evidence(
     "vLLM's fused CPU rms_norm kernels are 3.6-4.5x faster per call and slower end to end (they break "
@@ -341,16 +368,30 @@ PATHS: Mapping[str, WeightPathSpec] = {p.name: p for p in (
     ),
     WeightPathSpec(
         name="w4a8-xnnpack", engine=Engine.EXECUTORCH, built_by=Stage.EXPORT,
-        summary="ExecuTorch, XNNPACK 8da4w; KV cache",
+        summary="ExecuTorch, XNNPACK 8da4w with GPTQ's weights; ExecuTorch's custom SDPA and KV cache",
         activations="int8 (dynamic, per token)",
         weight_bits=4, group_overhead_bits=16,  # a bf16 scale per group: XNNPACK's qb4w layout
         fixed_group=XNNPACK_GROUP_SIZE, grid=Grid.SYMMETRIC,
         notes=(
-            "run here in ExecuTorch's runtime with XNNPACK on x86_64 and checked against the eager model "
-            "quantized the same way; XNNPACK's arm64 kernels differ",
-            "its 4-bit weights are round-to-nearest, not GPTQ: on SmolLM2-135M the program agreed with fp32 on "
-            "0.46 of next tokens (4-bit RTN weights alone 0.60; benchmarks/results/phone.md)",
+            _XNNPACK_RUN_HERE,
+            "GPTQ on XNNPACK's grid (positive scales), its key and value projections and its head at 8 bits",
         ),
+        evidence=(Evidence("the program before GPTQ and ExecuTorch's LLM ops (4-bit weights rounded to nearest, "
+                           "attention over the whole static cache) agreed with fp32 on 0.642 of next tokens (prose "
+                           "0.506) and decoded 22.1 tok/s, against this one's 142.9",
+                           "the same interleaved run, " + _PHONE_RUN),),
+        program=ProgramFidelity(0.835, "docs", 0.784, 142.9, _PHONE_RUN),
+    ),
+    WeightPathSpec(
+        name="w8a8-xnnpack", engine=Engine.EXECUTORCH, built_by=Stage.EXPORT,
+        summary="ExecuTorch, XNNPACK 8da8w; ExecuTorch's custom SDPA and KV cache",
+        activations="int8 (dynamic, per token)",
+        weight_bits=8,  # one scale per output channel, nothing per group
+        notes=(
+            _XNNPACK_RUN_HERE,
+            "every linear int8 per output channel, rounded to nearest: no calibration",
+        ),
+        program=ProgramFidelity(0.909, "prose", 0.875, 135.8, _PHONE_RUN),
     ),
     WeightPathSpec(
         name="bf16", engine=Engine.VLLM, built_by=Stage.MODEL,

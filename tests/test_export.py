@@ -20,8 +20,12 @@ from .conftest import edgepath_command, write_random_llama
 # figures of a model that knows no language.
 SMALL = {
     "qnn": {"window": 32, "samples": 4, "parity_windows": 2},
-    "xnnpack": {"max_seq_len": 96, "check_tokens": 64, "greedy_tokens": 8, "decode_tokens": 16},
+    "xnnpack": {"max_seq_len": 96, "check_tokens": 64, "greedy_tokens": 8, "decode_tokens": 16, "prefill_tokens": 32,
+                # a model with random weights has no preference to keep: its logits are near-uniform
+                "min_top1_fp32": 0.0},
 }
+SMALL_CALIBRATION = {"samples": 8, "length": 64}
+"""The XNNPACK program's GPTQ calibration (``calibration``'s samples and length)."""
 
 
 @pytest.fixture(scope="session")
@@ -34,7 +38,7 @@ def _params(directory: Path, **overrides) -> Path:
     for section, values in overrides.items():
         settings[section].update(values)
     path = directory / "params.yaml"
-    path.write_text(yaml.safe_dump({"export": settings}))
+    path.write_text(yaml.safe_dump({"export": settings, "calibration": SMALL_CALIBRATION}))
     return path
 
 
@@ -131,23 +135,77 @@ def test_xnnpack_pte_runs_in_executorch_and_matches_its_eager_model(exported):
     assert check["passed"] is True and check["threads"] == 2
     assert check["against_eager"]["top1_agreement"] >= 0.95
     assert check["greedy"]["prompts"] == 12 and check["decode_tok_s"]["median"] > 0
+    assert check["prefill_tok_s"]["median"] > 0 and check["prefill"]["tokens"] == 32
     assert record["pte"]["state"] == "built"
-    assert b"XnnpackBackend" in (exported["w4a8-xnnpack"] / "model.pte").read_bytes()
+    # against fp32: every held-out genre, the worst named, its own gate
+    parity = record["parity"]
+    assert set(parity["genres"]) == {"code", "dialogue", "docs", "lists", "prose"}
+    assert parity["positions"] == 5 * 63 and parity["passed"] is True and parity["gate"] == {"min_top1": 0.0}
+    assert parity["worst"]["top1_agreement"] == min(g["top1_agreement"] for g in parity["genres"].values())
+    # the weights are GPTQ's, calibrated on the params' text
+    weights = record["calibration"]["weights"]
+    assert weights["algorithm"] == "gptq" and weights["signed"] is False and weights["search"] == "output-error"
+    assert (record["calibration"]["samples"], record["calibration"]["length"]) == tuple(SMALL_CALIBRATION.values())
+    program = (exported["w4a8-xnnpack"] / "model.pte").read_bytes()
+    assert b"XnnpackBackend" in program
+    # attention and the KV cache run in ExecuTorch's LLM ops
+    assert b"llama::custom_sdpa" in program and b"llama::update_cache" in program
+
+
+def test_w8a8_xnnpack_pte_holds_8bit_weights_and_passes_both_gates(exported, random_llama):
+    record = records.read(exported["w8a8-xnnpack"] / "export.json", "export")
+    check, parity = record["runtime_check"], record["parity"]
+    assert check["passed"] is True and check["against_eager"]["top1_agreement"] >= 0.95
+    assert parity["passed"] is True and set(parity["genres"]) == {"code", "dialogue", "docs", "lists", "prose"}
+    calibration = record["calibration"]
+    assert calibration["weights"]["algorithm"] == "round-to-nearest" and "samples" not in calibration
+    assert "int8 per-channel weights in every linear" in record["program"]["precision"]
+    program = (exported["w8a8-xnnpack"] / "model.pte").read_bytes()
+    assert b"XnnpackBackend" in program and b"llama::custom_sdpa" in program
+    # 8-bit weights with one scale per channel against 4 bits with one per 32: larger
+    assert len(program) > (exported["w4a8-xnnpack"] / "model.pte").stat().st_size
+
+
+def _eager_like_the_stage(random_llama):
+    """The random model quantized as the stage quantized it: the same calibration
+    windows, GPTQ settings and program layout."""
+    from transformers import AutoTokenizer
+
+    from edgepath import calibration
+    from edgepath.fleet import Calibration, Gptq
+    from edgepath.phone import graph, xnnpack
+
+    tokenizer = AutoTokenizer.from_pretrained(random_llama)
+    text = Calibration(**SMALL_CALIBRATION)
+    calib = calibration.calibration_set(tokenizer, calibration.load_corpus(text.corpus, []), text.samples,
+                                        text.length, text.chat_fraction, text.seed)
+    model = graph.load_reference(random_llama)
+    gptq = Gptq()
+    layers = xnnpack.quantize_8da4w(model, calib.tokens, gptq.search, gptq.damp, gptq.group_order)
+    return tokenizer, model, layers
 
 
 def test_xnnpack_pte_greedy_equals_the_eager_quantized_model(exported, random_llama):
     """Independently of the stage: load the .pte in ExecuTorch's runtime and a freshly
     quantized eager model, and decode a chat prompt with both."""
-    from transformers import AutoTokenizer
-
     from edgepath.engines.executorch_runtime import PteDecoder
-    from edgepath.phone import graph, xnnpack_8da4w
     from edgepath.prompts import chat_prompt_ids
 
-    prompt = chat_prompt_ids(AutoTokenizer.from_pretrained(random_llama), "Why is the sky blue?")
+    tokenizer, model, layers = _eager_like_the_stage(random_llama)
+    # the 4-bit linears hold GPTQ's codes and scales unchanged; the rest is 8-bit
+    assert set(layers) == {f"model.layers.{i}.{n}" for i in range(2)
+                           for n in ("self_attn.q_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj",
+                                     "mlp.down_proj")}
+    for prefix, q in layers.items():
+        weight = model.get_submodule(prefix).weight
+        assert torch.equal(weight.qdata.int() + 8, q.codes) and torch.equal(weight.scale, q.scales)
+        assert torch.equal(weight.dequantize(), q.dequantize())
+    for name in ("model.layers.0.self_attn.k_proj", "lm_head"):
+        weight = model.get_submodule(name).weight
+        assert weight.target_dtype == torch.int8 and weight.scale.shape[1] == 1  # per channel
+
+    prompt = chat_prompt_ids(tokenizer, "Why is the sky blue?")
     program = PteDecoder(exported["w4a8-xnnpack"] / "model.pte", 96)
-    model = graph.load_reference(random_llama)
-    xnnpack_8da4w.quantize(model, 32)
     eager = model.generate(input_ids=torch.tensor([prompt]), max_new_tokens=12, min_new_tokens=12,
                            do_sample=False)[0, len(prompt):].tolist()
     assert program.greedy(prompt, 12) == eager
@@ -155,6 +213,18 @@ def test_xnnpack_pte_greedy_equals_the_eager_quantized_model(exported, random_ll
         reference = model(input_ids=torch.tensor([prompt]), use_cache=False).logits[0]
     got = program.logits(prompt)
     assert (got.argmax(-1) == reference.argmax(-1)).float().mean() >= 0.95
+    # a prompt prefilled in one call leaves the cache as token-by-token feeding does
+    program.reset()
+    assert torch.allclose(program.feed(prompt), got[-1], atol=1e-3 * got[-1].abs().max())
+
+
+def test_xnnpack_fp32_gate_refuses_before_lowering(random_llama, tmp_path):
+    params = _params(tmp_path, xnnpack={"min_top1_fp32": 1.0})
+    done = edgepath_command("export", "--path", "w4a8-xnnpack", "--model", str(random_llama), "--params",
+                            str(params), "--out", str(tmp_path / "out"), check=False)
+    assert done.returncode == 2 and "export.xnnpack.min_top1_fp32" in done.stderr
+    assert "nothing was lowered or written" in done.stderr and "lowering to XNNPACK" not in done.stderr
+    assert not (tmp_path / "out").exists()
 
 
 def test_truncated_pte_is_refused(exported, tmp_path):
@@ -167,7 +237,7 @@ def test_truncated_pte_is_refused(exported, tmp_path):
 
 
 @pytest.mark.parametrize("path, section, change, message", [
-    ("w4a8-xnnpack", "xnnpack", {"group_size": 48}, "does not divide"),
+    ("w4a8-xnnpack", "xnnpack", {"group_size": 32}, "export.xnnpack.group_size: unknown key"),
     ("w8a16-qnn", "qnn", {"soc": "SM0000"}, "not a Qualcomm SoC"),
     ("w4a8-xnnpack", "xnnpack", {"max_seq_len": 32}, "holds fewer positions"),
     ("w8a16-qnn", "qnn", {"colour": "blue"}, "export.qnn.colour: unknown key"),
@@ -179,6 +249,12 @@ def test_bad_settings_are_refused_before_any_work(random_llama, tmp_path, path, 
                             "--out", str(tmp_path / "out"), check=False)
     assert done.returncode == 2 and message in done.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_xnnpack_refuses_widths_its_group_does_not_divide():
+    info = {"config": {"hidden_size": 48, "intermediate_size": 128}}
+    with pytest.raises(EdgepathError, match=r"widths \[48\] are not multiples of XNNPACK's 4-bit weight group"):
+        export.check_path("w4a8-xnnpack", export.Settings(), info)
 
 
 def test_unknown_path_and_missing_tokenizer_are_refused(random_llama, tmp_path):
@@ -249,4 +325,24 @@ def test_default_settings_are_params_yaml():
     params = ROOT / "params.yaml"
     settings = export.Settings.from_file(params)
     assert (settings.qnn, settings.xnnpack) == (export.QnnSettings(), export.XnnpackSettings())
-    assert list(fleet.namespace(params, "export")["paths"]) == list(export.PATHS)
+    assert settings.gptq == fleet.Gptq() and settings.calibration == fleet.Calibration()
+
+
+def test_the_shipped_fleet_builds_every_program_its_phones_run():
+    """export.paths holds each phone's selected program and its fallback, and no more."""
+    from edgepath import fleet
+    from edgepath.profile import HardwareProfile
+    from edgepath.select import select_weight_path
+
+    from .conftest import ROOT
+
+    params = ROOT / "params.yaml"
+    needed = set()
+    for target in fleet.load(params).targets.values():
+        if target.profile == "probe":  # this build host: a CPU, whose builds are quantize's
+            continue
+        path = select_weight_path(HardwareProfile.from_json((ROOT / target.profile).read_text()), target.priority,
+                                  engine=target.engine)
+        if path.spec.built_by is export.Stage.EXPORT:
+            needed |= {path.name, *([path.spec.fallback] if path.spec.fallback else [])}
+    assert set(fleet.namespace(params, "export")["paths"]) == needed

@@ -2,7 +2,7 @@ import dataclasses
 
 import pytest
 
-from edgepath import coverage, probe, shapes, weight_paths
+from edgepath import coverage, probe, select, shapes, weight_paths
 from edgepath.errors import EdgepathError
 from edgepath.profile import HardwareProfile
 from edgepath.coverage import has_amx
@@ -80,9 +80,30 @@ def test_a_qualcomm_npu_without_driver_information_gets_the_calibrated_export():
 ])
 def test_phone_without_a_usable_npu_gets_the_xnnpack_export(change, why):
     p = select_weight_path(dataclasses.replace(PHONE, **change))
-    assert (p.name, p.spec.engine, p.spec.fallback, p.group_size) == ("w4a8-xnnpack", weight_paths.Engine.EXECUTORCH,
-                                                                     None, 32)
+    assert p.name in select.PHONE_CPU_PROGRAMS and (p.spec.engine, p.spec.fallback) == (weight_paths.Engine.EXECUTORCH,
+                                                                                       None)
+    assert p.group_size == p.spec.fixed_group
     assert why in p.rationale and "phone" in p.rationale
+
+
+def test_a_phone_cpu_program_is_chosen_by_its_measured_fidelity_and_speed(monkeypatch):
+    """For speed the fastest program measured at or above the fidelity floor, for fidelity
+    the most faithful; the rationale cites both programs' figures."""
+    phone = dataclasses.replace(PHONE, accelerator="none", npu_driver=None)
+    measured = {name: weight_paths.get(name).program for name in select.PHONE_CPU_PROGRAMS}
+    faithful = max(measured, key=lambda n: measured[n].top1_vs_fp32)
+    passing = [n for n, m in measured.items() if m.top1_vs_fp32 >= select.PHONE_MIN_TOP1]
+    fast = max(passing, key=lambda n: measured[n].decode_tok_s) if passing else faithful
+    speed, fidelity = select_weight_path(phone, "speed"), select_weight_path(phone, "fidelity")
+    assert (speed.name, fidelity.name) == (fast, faithful)
+    for p in (speed, fidelity):
+        assert all(f"{m.top1_vs_fp32:.3f}" in p.rationale and f"{m.decode_tok_s:.1f} tok/s" in p.rationale
+                   for m in measured.values())
+    # a 4-bit program measured below the floor is not chosen for speed
+    spec = weight_paths.get("w4a8-xnnpack")
+    monkeypatch.setitem(weight_paths.PATHS, "w4a8-xnnpack", dataclasses.replace(
+        spec, program=dataclasses.replace(spec.program, top1_vs_fp32=select.PHONE_MIN_TOP1 - 0.01)))
+    assert select_weight_path(phone, "speed").name == "w8a8-xnnpack"
 
 
 def test_an_arm_cpu_without_npu_or_android_kernel_is_no_phone():
