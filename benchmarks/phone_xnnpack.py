@@ -91,18 +91,10 @@ def _parts(model_dir: Path, genres, fp32) -> list[dict]:
 
 
 def _fidelity(program, genres, fp32) -> dict:
-    from edgepath.phone.parity import Parity
+    from edgepath.phone.parity import by_genre
 
-    pooled, per_genre = Parity(), {}
-    for genre, ids in genres.items():
-        logits = program.logits(ids.tolist())[:-1]
-        one = Parity()
-        one.add(fp32[genre][:-1], logits)
-        pooled.add(fp32[genre][:-1], logits)
-        per_genre[genre] = one.result()
-    worst = min(per_genre, key=lambda g: per_genre[g]["top1_agreement"])
-    return {**pooled.result(), "genres": per_genre,
-            "worst": {"genre": worst, "top1_agreement": per_genre[worst]["top1_agreement"]}}
+    return by_genre({genre: fp32[genre][:-1] for genre in genres},
+                    {genre: program.logits(ids.tolist())[:-1] for genre, ids in genres.items()})
 
 
 def _summary(samples: list[float]) -> dict[str, float]:

@@ -11,6 +11,7 @@ decoder layer: 36.9 dB calibrated on real text, -1.6 dB uncalibrated).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -44,3 +45,18 @@ class Parity:
         return {"positions": self.positions, "top1_agreement": round(self.agree / self.positions, 4),
                 "kl_nats": round(self.kl_sum / self.positions, 5),
                 "logit_sqnr_db": None if math.isinf(sqnr) else round(sqnr, 2)}
+
+
+def by_genre(reference: Mapping[str, torch.Tensor], quantized: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    """``Parity`` pooled over the genres of ``reference`` (genre -> ``[..., vocab]``
+    logits; ``quantized`` the same positions), with each genre's (``genres``) and the
+    genre of lowest top-1 agreement (``worst``)."""
+    pooled, genres = Parity(), {}
+    for genre, ref in reference.items():
+        one = Parity()
+        one.add(ref, quantized[genre])
+        pooled.add(ref, quantized[genre])
+        genres[genre] = one.result()
+    worst = min(genres, key=lambda g: genres[g]["top1_agreement"])
+    return {**pooled.result(), "genres": genres,
+            "worst": {"genre": worst, "top1_agreement": genres[worst]["top1_agreement"]}}
