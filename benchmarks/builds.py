@@ -5,7 +5,7 @@
 
 Parts:
 
-- ``compare``: the benchmark stage's own comparison (``edgepath.benchmark.run``)
+- ``compare``: the benchmark stage's own comparison (``edgepath.stages.benchmark.run``)
   on the pipeline's outputs under ``build/``: every 4-bit build that runs here
   against vLLM bf16 and llama.cpp (Q4_K_M, Q4_0, F16), interleaved, with
   fidelity against bf16.
@@ -36,7 +36,8 @@ DECODE_STEPS = 128
 
 
 def compare() -> dict:
-    from edgepath import benchmark, fleet, probe
+    from edgepath.rules import fleet
+    from edgepath.stages import benchmark, probe
 
     params = ROOT / "params.yaml"
     settings = benchmark.Settings.from_params(fleet.namespace(params, "benchmark"))
@@ -85,8 +86,9 @@ def breakdown() -> dict:
     """Per decode step, milliseconds by category (``_category``) for the host's build and bf16."""
     from transformers import AutoTokenizer
 
-    from edgepath import benchmark, records
-    from edgepath.prompts import fixed_prompt_ids
+    from edgepath.core import records
+    from edgepath.stages import benchmark
+    from edgepath.text.prompts import fixed_prompt_ids
 
     model = ROOT / "build/model/hf"
     vocab = json.loads((model / "config.json").read_text())["vocab_size"]
@@ -206,7 +208,7 @@ def main() -> None:
     parser.add_argument("--only", choices=PARTS, action="append", help="run these parts only")
     parser.add_argument("--results", default=str(ROOT / "benchmarks" / "results"))
     args = parser.parse_args()
-    from edgepath import probe
+    from edgepath.stages import probe
 
     for needed in ("build/weights/w4a16-tinygemm/config.json", "build/control/control.json", "build/verify"):
         if not (ROOT / needed).exists():

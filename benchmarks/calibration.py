@@ -123,7 +123,7 @@ def _groups_shifted(columns: int):
     most 16 levels each; this separates that from what group 32 itself gains."""
     import torch
 
-    from edgepath.gptq import sequential
+    from edgepath.quant import sequential
 
     real = sequential.quantize_layer
 
@@ -139,7 +139,7 @@ def _groups_shifted(columns: int):
 
 
 def _perplexities(model, held_out) -> dict[str, float]:
-    from edgepath.gptq.evaluate import perplexity
+    from edgepath.scoring.evaluate import perplexity
 
     return {genre: perplexity(model, windows) for genre, windows in held_out.items()}
 
@@ -249,11 +249,12 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from edgepath import calibration, shapes, weight_paths
     from edgepath.engines import gguf_gptq
-    from edgepath.gptq.gptq import grid
-    from edgepath.gptq.sequential import quantize_model
-    from edgepath.probe import probe
+    from edgepath.quant.gptq import grid
+    from edgepath.quant.sequential import quantize_model
+    from edgepath.rules import shapes, weight_paths
+    from edgepath.stages.probe import probe
+    from edgepath.text import calibration
 
     torch.manual_seed(0)
     threads = os.cpu_count() or 1

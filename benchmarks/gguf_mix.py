@@ -54,13 +54,13 @@ def main() -> None:
     args = parser.parse_args()
 
     import torch
+    from calibration import _row, _scored_by_llama_cpp, print_table
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from calibration import _row, _scored_by_llama_cpp, print_table
-    from edgepath import calibration
     from edgepath.engines import gguf_gptq
-    from edgepath.gptq.evaluate import perplexity
-    from edgepath.probe import probe
+    from edgepath.scoring.evaluate import perplexity
+    from edgepath.stages.probe import probe
+    from edgepath.text import calibration
 
     threads = os.cpu_count() or 1
     torch.set_num_threads(threads)

@@ -32,7 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from edgepath import export, records  # noqa: E402
+from edgepath.core import records  # noqa: E402
+from edgepath.stages import export
 
 
 def main() -> None:
@@ -44,7 +45,7 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from edgepath.phone import graph, qnn_w8a16
-    from edgepath import calibration
+    from edgepath.text import calibration
 
     model_record = ROOT / "build" / "model" / "model.json"
     if not model_record.is_file():

@@ -35,8 +35,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from edgepath import export, records  # noqa: E402
-from edgepath.weight_paths import XNNPACK_GROUP_SIZE  # noqa: E402
+from edgepath.core import records  # noqa: E402
+from edgepath.rules.weight_paths import XNNPACK_GROUP_SIZE  # noqa: E402
+from edgepath.stages import export
 
 CHECK_TOKENS = 256
 DECODE_TOKENS = 64
@@ -113,11 +114,11 @@ def main() -> None:
     import torch
     from transformers import AutoTokenizer
 
-    from edgepath import calibration
     from edgepath.engines import executorch_runtime
     from edgepath.phone import graph
-    from edgepath.probe import probe
-    from edgepath.prompts import fixed_prompt_ids
+    from edgepath.stages.probe import probe
+    from edgepath.text import calibration
+    from edgepath.text.prompts import fixed_prompt_ids
 
     model_record = ROOT / "build" / "model" / "model.json"
     model_dir = records.model_directory(model_record, records.read(model_record, "model"))

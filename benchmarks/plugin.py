@@ -66,7 +66,7 @@ def _interleaved(arms: dict, reps: int) -> dict[str, list[float]]:
 def bench_gemm() -> list[dict]:
     import torch
 
-    from edgepath.gptq.cpu_int4_format import CpuInt4
+    from edgepath.formats.cpu_int4_format import CpuInt4
 
     rows = []
     for layer, (n, k) in LAYERS.items():
@@ -120,10 +120,10 @@ def bench_head_gate() -> list[dict]:
 
 
 def _prompts(model: Path) -> list[list[int]]:
-    """The fixed prompts (``edgepath.prompts``) through ``model``'s own tokenizer."""
+    """The fixed prompts (``edgepath.text.prompts``) through ``model``'s own tokenizer."""
     from transformers import AutoTokenizer
 
-    from edgepath.prompts import fixed_prompt_ids
+    from edgepath.text.prompts import fixed_prompt_ids
 
     return fixed_prompt_ids(AutoTokenizer.from_pretrained(str(model), local_files_only=True))
 
@@ -136,8 +136,8 @@ def _engine(model: Path, quantization: str | None, cache: Path, env: dict[str, s
     prompt; with ``speed``, that many repetitions of decode (128 tokens after a chat
     prompt) and prefill (512 tokens), in tokens/s, with the prefix cache off (a timed
     prompt is repeated: with it on, its prefill would be served from it)."""
+    from edgepath.core.errors import EdgepathError
     from edgepath.engines.worker import EngineProcess, command
-    from edgepath.errors import EdgepathError
 
     cmd = command("vllm", model, quantization=quantization, env={"VLLM_CPU_INT4_W4A8": "0", **env},
                   cache_dir=cache, prefix_caching=not speed)
@@ -232,7 +232,7 @@ def main() -> None:
     parts = args.only or list(PARTS)
     if {"starts", "engines"} & set(parts) and not (checkpoint / "config.json").is_file():
         raise SystemExit(f"{checkpoint} is missing: run scripts/run.sh (or dvc repro quantize@w4a16-tinygemm)")
-    import edgepath.vllm_plugin.ops  # noqa: F401  registers edgepath::int4_mm
+    import edgepath.engines.vllm_plugin.ops  # noqa: F401  registers edgepath::int4_mm
 
     results = Path(args.results)
     previous = json.loads((results / "plugin.json").read_text()) if (results / "plugin.json").is_file() else {}

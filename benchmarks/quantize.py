@@ -66,10 +66,10 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from edgepath import records
-    from edgepath.engine_check import dequantized_reference
-    from edgepath.prompts import fixed_prompt_ids
-    from edgepath.gptq.evaluate import common_prefix, greedy
+    from edgepath.core import records
+    from edgepath.scoring.evaluate import common_prefix, greedy
+    from edgepath.stages.engine_check import dequantized_reference
+    from edgepath.text.prompts import fixed_prompt_ids
 
     torch.set_num_threads(os.cpu_count() or 1)
     hf = model_record.parent / "hf"

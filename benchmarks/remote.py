@@ -32,7 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from edgepath import pull, records  # noqa: E402
+from edgepath.core import records  # noqa: E402
+from edgepath.delivery import pull
 from tests.s3server import SeaweedS3  # noqa: E402
 
 

@@ -51,10 +51,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from edgepath import atomic, weight_paths  # noqa: E402
-from edgepath.benchmark import alone, read_bandwidth, stored_bytes  # noqa: E402
-from edgepath.errors import EdgepathError  # noqa: E402
-from edgepath.serve import Server, free_port, runs_here, server_command  # noqa: E402
+from edgepath.core import atomic
+from edgepath.core.errors import EdgepathError  # noqa: E402
+from edgepath.delivery.serve import Server, free_port, runs_here, server_command  # noqa: E402
+from edgepath.rules import weight_paths  # noqa: E402
+from edgepath.stages.benchmark import alone, read_bandwidth, stored_bytes  # noqa: E402
 
 LEVELS = (1, 4, 16)
 CONTROL_FILES = {"llama-server Q4_K_M": "model-q4_k_m.gguf", "llama-server Q4_0": "model-q4_0.gguf"}
@@ -141,7 +142,8 @@ def held_out_prompts(model: Path, count: int, tokens: int) -> list[list[int]]:
     benchmark scores (``calibration.held_out_genres``), the genres taken in turn."""
     from transformers import AutoTokenizer
 
-    from edgepath import calibration, fleet
+    from edgepath.rules import fleet
+    from edgepath.text import calibration
 
     tokenizer = AutoTokenizer.from_pretrained(model, local_files_only=True)
     text = fleet.calibration(str(ROOT / "params.yaml"))
@@ -168,7 +170,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "serving.json")
     args = parser.parse_args()
 
-    from edgepath.probe import probe
+    from edgepath.stages.probe import probe
 
     host = probe().summary()
     parallel, context = max(args.levels), args.prompt_tokens + args.new_tokens + 16

@@ -76,7 +76,7 @@ def rounded_to_nearest(weight, group: int, symmetric: bool):
     range, codes rounded to nearest: a ``gptq.QuantizedLayer``."""
     import torch
 
-    from edgepath.gptq.gptq import QuantizedLayer, grid, quantize_codes
+    from edgepath.quant.gptq import QuantizedLayer, grid, quantize_codes
 
     w = weight.to(torch.float32)
     chosen = grid(symmetric, "none")
@@ -101,9 +101,10 @@ def vllm_build(hf: Path, path: str, out: Path) -> None:
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    from edgepath import quantize, shapes, weight_paths
-    from edgepath.gptq import layer_format
-    from edgepath.weight_paths import Grid
+    from edgepath.formats.checkpoint import layer_format
+    from edgepath.rules import shapes, weight_paths
+    from edgepath.rules.weight_paths import Grid
+    from edgepath.stages import quantize
 
     spec = weight_paths.get(path)
     with safe_open(str(hf / "model.safetensors"), "pt") as f:

@@ -47,9 +47,10 @@ sys.path.insert(0, str(ROOT))
 from builds import DECODE_STEPS, step_breakdown  # noqa: E402
 from serving import held_out_prompts  # noqa: E402
 
-from edgepath import atomic, weight_paths  # noqa: E402
-from edgepath.benchmark import alone  # noqa: E402
+from edgepath.core import atomic
 from edgepath.engines.worker import EngineProcess, command  # noqa: E402
+from edgepath.rules import weight_paths  # noqa: E402
+from edgepath.stages.benchmark import alone  # noqa: E402
 
 PROMPT_TOKENS = 128
 
@@ -235,7 +236,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "step_cost.json")
     args = parser.parse_args()
 
-    from edgepath.probe import probe
+    from edgepath.stages.probe import probe
 
     spec = weight_paths.get(args.path)
     model = args.model if spec.quantization is None else args.weights / args.path

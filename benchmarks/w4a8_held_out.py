@@ -40,9 +40,12 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
-    from edgepath import atomic, calibration, files, fidelity, fleet
+    from edgepath.core import atomic, files
     from edgepath.engines.vllm_cpu import VllmCpu
-    from edgepath.probe import probe
+    from edgepath.rules import fleet
+    from edgepath.scoring import fidelity
+    from edgepath.stages.probe import probe
+    from edgepath.text import calibration
 
     host = probe().summary()
     reference = files.read_json(Path(args.reference))

@@ -1,7 +1,7 @@
 """The ``edgepath`` command: every pipeline stage, usable with or without DVC.
 
 Each command (its arguments and its handler) lives in the module of its stage, as
-that module's ``COMMAND`` (``edgepath.command.Command``); this module only composes
+that module's ``COMMAND`` (``edgepath.core.command.Command``); this module only composes
 them under one parser. A stage's DVC entry point (``stages/<name>.py``) runs its
 own module's ``COMMAND`` and does not import this one.
 """
@@ -10,8 +10,23 @@ from __future__ import annotations
 
 import argparse
 
-from . import (__version__, benchmark, bundle, command, container, control, engine_check, export, fleet, images,
-               manifest, model, patch_verify, probe, pull, quantize, release, select, serve)
+from . import __version__
+from .core import command
+from .delivery import container, images, pull, release, serve
+from .stages import (
+    benchmark,
+    bundle,
+    control,
+    engine_check,
+    export,
+    manifest,
+    model,
+    params,
+    patch_verify,
+    probe,
+    quantize,
+    select,
+)
 
 _DESCRIPTION = """\
 edgepath builds, for every device of a fleet, the fastest faithful build of one
@@ -19,7 +34,7 @@ language model it can run, and a manifest that says which weight path each
 device gets and why. `dvc repro` runs the stages below for every target in
 params.yaml; each stage is also a command of its own."""
 
-STAGES = (fleet.COMMAND, model.COMMAND, probe.COMMAND, select.COMMAND, quantize.COMMAND, engine_check.COMMAND,
+STAGES = (params.COMMAND, model.COMMAND, probe.COMMAND, select.COMMAND, quantize.COMMAND, engine_check.COMMAND,
           patch_verify.COMMAND, control.COMMAND, export.COMMAND, benchmark.COMMAND, manifest.COMMAND,
           bundle.COMMAND)
 """The pipeline's commands, in pipeline order: `edgepath run` runs any of them."""

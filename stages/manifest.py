@@ -2,8 +2,8 @@
 
 import sys
 
-from edgepath import command
-from edgepath.manifest import COMMAND
+from edgepath.core import command
+from edgepath.stages.manifest import COMMAND
 
 if __name__ == "__main__":
     sys.exit(command.run(COMMAND, ["build", *sys.argv[1:]]))

@@ -2,8 +2,8 @@
 
 import sys
 
-from edgepath import command
-from edgepath.patch_verify import COMMAND
+from edgepath.core import command
+from edgepath.stages.patch_verify import COMMAND
 
 if __name__ == "__main__":
     sys.exit(command.run(COMMAND, sys.argv[1:]))

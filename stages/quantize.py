@@ -2,8 +2,8 @@
 
 import sys
 
-from edgepath import command
-from edgepath.quantize import COMMAND
+from edgepath.core import command
+from edgepath.stages.quantize import COMMAND
 
 if __name__ == "__main__":  # vLLM (the engine check) needs the guard: it forces spawn
     sys.exit(command.run(COMMAND, sys.argv[1:]))

@@ -3,8 +3,8 @@ select.py: a script's folder leads sys.path, and that name would shadow the stdl
 
 import sys
 
-from edgepath import command
-from edgepath.select import COMMAND
+from edgepath.core import command
+from edgepath.stages.select import COMMAND
 
 if __name__ == "__main__":
     sys.exit(command.run(COMMAND, sys.argv[1:]))

@@ -12,7 +12,7 @@ HOSTS = ROOT / "tests" / "fixtures" / "hosts"
 def default_model(tmp_path_factory) -> Path:
     """The real model stage on the embedded default, run once per test session:
     the ``build/model``-style directory (``model.json`` + ``hf/``)."""
-    from edgepath import model
+    from edgepath.stages import model
 
     out = tmp_path_factory.mktemp("default-model") / "model"
     model.run(out)

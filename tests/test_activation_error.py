@@ -1,10 +1,10 @@
-"""Which down projections the W4A8 path keeps bf16 (edgepath.gptq.activation_error)."""
+"""Which down projections the W4A8 path keeps bf16 (edgepath.quant.activation_error)."""
 
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from edgepath.gptq.activation_error import rank_down_projections, rounded_per_token
+from edgepath.quant.activation_error import rank_down_projections, rounded_per_token
 
 
 def _llama(layers: int = 4) -> LlamaForCausalLM:

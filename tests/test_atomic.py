@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from edgepath import atomic
+from edgepath.core import atomic
 
 
 def test_write_text_replaces_whole(tmp_path):

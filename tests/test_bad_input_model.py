@@ -176,7 +176,7 @@ def _another_stage_output(d: Path) -> None:
 
 
 def _earlier_output(d: Path) -> None:
-    from edgepath import model
+    from edgepath.stages import model
 
     model.run(d / "out", source=str(tiny_model(d)))
     (d / "out" / "stale.txt").write_text("from the earlier run\n")
@@ -201,7 +201,7 @@ def _odd_name(d: Path) -> None:
 
 def manifest(d: Path, artifacts: list[dict]) -> None:
     """``d/manifest.json``: a manifest with one target, ``dev``, whose build is ``artifacts``."""
-    from edgepath import records
+    from edgepath.core import records
 
     summary = dict.fromkeys(["arch", "cpu_model", "isa", "kernel_isa", "n_physical", "n_logical", "ram_total_bytes",
                              "accelerator", "gpu_name", "gpu_mem_bytes", "supports_bf16", "source"], "x")
@@ -245,7 +245,7 @@ def _built_then(change):
 
 
 def _bundled_before(d: Path) -> None:
-    from edgepath import bundle
+    from edgepath.stages import bundle
 
     built(d)
     bundle.write(d / "manifest.json", "dev", d / "build" / "devices" / "dev")

@@ -30,7 +30,7 @@ FINGERPRINT = "sha256:" + "1" * 64
 def model_record(d: Path) -> Path:
     """A hand-written model record (``build/model/model.json``) of a one-layer Llama:
     what select and the manifest read of a model, without converting one."""
-    from edgepath import records
+    from edgepath.core import records
 
     path = d / "build" / "model" / "model.json"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -53,8 +53,11 @@ def write_manifest(d: Path, rationale: str | None = None) -> Path:
     """``d/manifest.json``, built by ``manifest.build`` from real selection records of
     ``TAGS`` (the GPU's bf16 is built: the model's files; the others are pending);
     ``rationale``: the GPU target's, as a hostile manifest might carry."""
-    from edgepath import fleet, manifest, records, select
-    from edgepath.profile import HardwareProfile
+    from edgepath.core import records
+    from edgepath.rules import fleet, select
+    from edgepath.rules.profile import HardwareProfile
+    from edgepath.stages import manifest
+    from edgepath.stages.select import selection_record
 
     model = model_record(d)
     selections = d / "build" / "selections"
@@ -65,7 +68,7 @@ def write_manifest(d: Path, rationale: str | None = None) -> Path:
             path = select.WeightPath(path.spec, path.group_size, rationale, path.notes)
         platform = fleet.Target(tag, "", "speed", "auto").resolve_platform(profile)
         records.write(selections / f"{tag}.json", "selection",
-                      select.selection_record(tag, "speed", platform, profile, FINGERPRINT, path))
+                      selection_record(tag, "speed", platform, profile, FINGERPRINT, path))
     manifest.build(types.SimpleNamespace(targets=list(TAGS)), model, selections, d / "manifest.json",
                    weights_dir=d / "build" / "weights", verify_dir=d / "build" / "verify",
                    exports_dir=d / "build" / "exports", benchmark_path=d / "build" / "benchmark" / "b.json",

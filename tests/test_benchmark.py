@@ -12,11 +12,13 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from edgepath import benchmark, manifest, patch_verify, records
-from edgepath.fidelity import headline
-from edgepath.errors import EdgepathError
-from edgepath.profile import HardwareProfile
-from edgepath.select import engines_for, select_weight_path, selection_record
+from edgepath.core import records
+from edgepath.core.errors import EdgepathError
+from edgepath.rules.profile import HardwareProfile
+from edgepath.rules.select import engines_for, select_weight_path
+from edgepath.scoring.fidelity import headline
+from edgepath.stages import benchmark, manifest, patch_verify
+from edgepath.stages.select import selection_record
 
 ROOT = Path(__file__).resolve().parent.parent
 FINGERPRINT = "sha256:" + "ab" * 32

@@ -6,8 +6,10 @@ import subprocess
 
 import pytest
 
-from edgepath import coverage, probe, records
-from edgepath.select import select_weight_path
+from edgepath.core import records
+from edgepath.rules import coverage
+from edgepath.rules.select import select_weight_path
+from edgepath.stages import probe
 
 from .conftest import run_checked
 

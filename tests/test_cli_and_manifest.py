@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from edgepath import records
-from edgepath.errors import EdgepathError
+from edgepath.core import records
+from edgepath.core.errors import EdgepathError
 
 from .conftest import HOSTS, ROOT
 
@@ -91,7 +91,8 @@ def test_each_stage_script_imports_only_its_stage_module():
 
 
 def test_the_cli_composes_each_stage_module_command():
-    from edgepath import cli, command
+    from edgepath import cli
+    from edgepath.core import command
 
     names = [c.name for c in cli.COMMANDS]
     assert len(names) == len(set(names))
@@ -104,7 +105,7 @@ def test_the_cli_composes_each_stage_module_command():
 
 
 def test_a_command_error_is_one_line_and_exit_2(capsys):
-    from edgepath import command
+    from edgepath.core import command
 
     def refuse(args):
         raise EdgepathError(f"no {args.thing}")
@@ -166,7 +167,7 @@ def _manifest_part(pointer: str, value) -> None:
 
 
 def test_manifest_shows_the_quantize_stages_perplexity_per_genre_mean_and_worst():
-    from edgepath import manifest
+    from edgepath.stages import manifest
 
     fidelity = {"windows_per_genre": 8, "length": 512, "held_out": {}, "mean_increase_pct": 12.5,
                 "worst": {"genre": "code", "increase_pct": 20.0},
@@ -190,7 +191,7 @@ def test_manifest_shows_the_quantize_stages_perplexity_per_genre_mean_and_worst(
 
 
 def test_target_metrics_carry_the_mean_and_worst_genre():
-    from edgepath import manifest
+    from edgepath.stages import manifest
 
     ratios = {"decode_vs_bf16": 1.25, "decode_vs_llama_q4_k_m": 0.5, "llama_q4_0": None,
               "llama_q4_k_m": {"mean_increase_pct": 6.0, "worst": {"genre": "code", "increase_pct": 8.0},

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from edgepath import corpus
-from edgepath.errors import EdgepathError
+from edgepath.core.errors import EdgepathError
+from edgepath.text import corpus
 
 PACKAGE = Path(sys.prefix) / "share" / "edgepath" / "corpora" / "janeaustenr"
 

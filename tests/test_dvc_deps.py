@@ -31,7 +31,7 @@ import yaml
 from .conftest import ROOT
 
 PACKAGE = "edgepath"
-DATA_READ_BY = {"edgepath/records.py": ("edgepath/schemas",)}
+DATA_READ_BY = {"edgepath/core/records.py": ("edgepath/schemas",)}
 """Module -> data files or directories it reads at run time (results depend on them)."""
 _SCRIPT = re.compile(r"(?:^|\s)python3?\s+(\S+\.py)(?=\s|$)")
 

@@ -11,8 +11,9 @@ import pytest
 import torch
 import yaml
 
-from edgepath import export, records
-from edgepath.errors import EdgepathError
+from edgepath.core import records
+from edgepath.core.errors import EdgepathError
+from edgepath.stages import export
 
 from .conftest import edgepath_command, write_random_llama
 
@@ -93,7 +94,7 @@ def test_qnn_program_is_quantized_w8a16_and_is_the_program_measured(exported, ra
     """The saved program has int8 per-channel weights and 16-bit activations, holds no
     fp32 copy of the weights, and reproduces the parity its record states."""
     from edgepath.phone import graph, qnn_w8a16
-    from edgepath import calibration
+    from edgepath.text import calibration
 
     d = exported["w8a16-qnn"]
     program = qnn_w8a16.load(d / "program.pt2")
@@ -171,9 +172,9 @@ def _eager_like_the_stage(random_llama):
     windows, GPTQ settings and program layout."""
     from transformers import AutoTokenizer
 
-    from edgepath import calibration
-    from edgepath.fleet import Calibration, Gptq
     from edgepath.phone import graph, xnnpack
+    from edgepath.rules.fleet import Calibration, Gptq
+    from edgepath.text import calibration
 
     tokenizer = AutoTokenizer.from_pretrained(random_llama)
     text = Calibration(**SMALL_CALIBRATION)
@@ -189,7 +190,7 @@ def test_xnnpack_pte_greedy_equals_the_eager_quantized_model(exported, random_ll
     """Independently of the stage: load the .pte in ExecuTorch's runtime and a freshly
     quantized eager model, and decode a chat prompt with both."""
     from edgepath.engines.executorch_runtime import PteDecoder
-    from edgepath.prompts import chat_prompt_ids
+    from edgepath.text.prompts import chat_prompt_ids
 
     tokenizer, model, layers = _eager_like_the_stage(random_llama)
     # the 4-bit linears hold GPTQ's codes and scales unchanged; the rest is 8-bit
@@ -272,9 +273,10 @@ def test_unknown_path_and_missing_tokenizer_are_refused(random_llama, tmp_path):
 
 def test_manifest_gives_a_qnn_phone_its_program_and_meanwhile_the_cpu_build(exported, random_llama, tmp_path):
     """The manifest's view of both phones, from the real export records."""
-    from edgepath import manifest, model
-    from edgepath.profile import HardwareProfile
-    from edgepath.select import select_weight_path, selection_record
+    from edgepath.rules.profile import HardwareProfile
+    from edgepath.rules.select import select_weight_path
+    from edgepath.stages import manifest, model
+    from edgepath.stages.select import selection_record
 
     from .conftest import ROOT
 
@@ -318,7 +320,7 @@ def test_manifest_gives_a_qnn_phone_its_program_and_meanwhile_the_cpu_build(expo
 
 
 def test_default_settings_are_params_yaml():
-    from edgepath import fleet
+    from edgepath.rules import fleet
 
     from .conftest import ROOT
 
@@ -330,9 +332,9 @@ def test_default_settings_are_params_yaml():
 
 def test_the_shipped_fleet_builds_every_program_its_phones_run():
     """export.paths holds each phone's selected program and its fallback, and no more."""
-    from edgepath import fleet
-    from edgepath.profile import HardwareProfile
-    from edgepath.select import select_weight_path
+    from edgepath.rules import fleet
+    from edgepath.rules.profile import HardwareProfile
+    from edgepath.rules.select import select_weight_path
 
     from .conftest import ROOT
 

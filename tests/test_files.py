@@ -1,5 +1,5 @@
 """The readers every user-supplied file goes through, the CLI's error boundary, and the
-rules for replacing an output (edgepath.files, edgepath.command.call, records.write,
+rules for replacing an output (edgepath.core.files, edgepath.core.command.call, records.write,
 records.output_directory, atomic)."""
 
 import argparse
@@ -9,8 +9,8 @@ import threading
 
 import pytest
 
-from edgepath import atomic, command, files, records
-from edgepath.errors import EdgepathError
+from edgepath.core import atomic, command, files, records
+from edgepath.core.errors import EdgepathError
 
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 AS_ROOT = "root reads files whatever their mode, so a permission error cannot be made"
@@ -168,7 +168,7 @@ PROFILE = {"kind": "edgepath.profile", "schema_version": 1}
 
 
 def _probe_record():
-    from edgepath import probe
+    from edgepath.stages import probe
     return probe.probe("/").to_dict()
 
 

@@ -4,8 +4,8 @@ import shutil
 import pytest
 import yaml
 
-from edgepath import fleet
-from edgepath.errors import EdgepathError
+from edgepath.core.errors import EdgepathError
+from edgepath.rules import fleet
 
 from .conftest import ROOT
 
@@ -40,7 +40,7 @@ def test_a_namespace_is_read_without_the_fleet(tmp_path):
 
 
 def _profile(name, **changes):
-    from edgepath.profile import HardwareProfile
+    from edgepath.rules.profile import HardwareProfile
 
     return HardwareProfile.from_dict({**json.loads((ROOT / "profiles" / f"{name}.json").read_text()), **changes})
 
@@ -99,7 +99,7 @@ def test_unreadable_params_file(tmp_path):
 
 
 def test_a_cpu_build_in_vllm_needs_the_cpus_own_platform():
-    from edgepath.profile import HardwareProfile
+    from edgepath.rules.profile import HardwareProfile
 
     arm = HardwareProfile.from_dict(yaml.safe_load((ROOT / "profiles/arm64-server.json").read_text()))
     vllm_build = {"name": "w4a16-tinygemm", "runs_in_vllm": True}
@@ -126,7 +126,7 @@ def test_a_tag_that_is_not_a_device_tag_is_refused(tag):
 
 
 def test_the_tag_pattern_is_the_selection_schemas():
-    from edgepath import records
+    from edgepath.core import records
 
     tag = records.schema("selection")["$defs"]["tag"]
     assert records.schema("params")["properties"]["targets"]["propertyNames"] == {

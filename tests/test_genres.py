@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from edgepath import calibration, genres
-from edgepath.calibration import Corpus
-from edgepath.errors import EdgepathError
+from edgepath.core.errors import EdgepathError
+from edgepath.text import calibration, genres
+from edgepath.text.calibration import Corpus
 
 ROOT = Path(os.environ.get("EDGEPATH_TEST_CORPORA") or genres.default_root())
 pytestmark = pytest.mark.skipif(not (ROOT / "mix" / "corpora.lock").is_file(),
@@ -179,7 +179,7 @@ def test_missing_mix_names_the_fix(tmp_path):
 def test_a_copy_from_another_lock_is_refused(copy):
     lock = copy / "mix" / "corpora.lock"
     lock.write_text(lock.read_text().replace("0.21.2", "0.21.1"))
-    with pytest.raises(EdgepathError, match="another edgepath/corpora.lock; re-run scripts/fetch_corpora.sh") as e:
+    with pytest.raises(EdgepathError, match="another edgepath/text/corpora.lock; re-run scripts/fetch_corpora.sh") as e:
         genres.mix_documents(copy)
     _one_line_naming(e, copy / "mix")
 

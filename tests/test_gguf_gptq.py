@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import torch
 
-from edgepath import records
+from edgepath.core import records
+from edgepath.core.errors import EdgepathError
 from edgepath.engines import gguf_gptq
-from edgepath.errors import EdgepathError
-from edgepath.gptq.gguf_q4_0_format import BLOCK, GgufQ4_0
-from edgepath.gptq.gptq import dequantize_codes, quantize_codes, representable_scales
+from edgepath.formats.gguf_q4_0_format import BLOCK, GgufQ4_0
+from edgepath.quant.gptq import dequantize_codes, quantize_codes, representable_scales
 
 
 def _on_grid(weight: torch.Tensor) -> torch.Tensor:
@@ -33,7 +33,7 @@ def on_grid(default_model, tmp_path_factory):
     """(reference model in PyTorch, the written GGUF, its tensor counts, held-out windows)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from edgepath import calibration
+    from edgepath.text import calibration
 
     hf = default_model / "hf"
     work = tmp_path_factory.mktemp("gguf-gptq")

@@ -21,9 +21,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from edgepath import coverage, fleet, images, select
-from edgepath.errors import EdgepathError
-from edgepath.profile import HardwareProfile
+from edgepath.core.errors import EdgepathError
+from edgepath.delivery import images
+from edgepath.rules import coverage, fleet, select
+from edgepath.rules.profile import HardwareProfile
 
 from .conftest import ROOT, edgepath_command
 
@@ -274,7 +275,7 @@ def cpu_vllm_image():
 
 @pytest.mark.slow
 def test_cpu_vllm_image_builds_and_its_smoke_test_passes(cpu_vllm_image):
-    from edgepath import probe
+    from edgepath.stages import probe
 
     reference, smoke = cpu_vllm_image
     host = probe.probe()
@@ -301,7 +302,7 @@ def test_cpu_vllm_image_builds_and_its_smoke_test_passes(cpu_vllm_image):
 def test_a_stage_runs_inside_its_image(cpu_vllm_image, tmp_path):
     """`edgepath run --in-image`: the stage runs in the image with the work tree mounted,
     reads a relative path, and writes its output into the work tree as the caller."""
-    from edgepath import probe
+    from edgepath.stages import probe
 
     out = Path("build/images/in-image-host.json")
     (ROOT / out).unlink(missing_ok=True)

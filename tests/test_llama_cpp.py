@@ -6,10 +6,11 @@ PyTorch on the same weights, and the benchmark's worker process around it."""
 import pytest
 import torch
 
-from edgepath import benchmark, control, records
+from edgepath.core import records
+from edgepath.core.errors import EdgepathError
 from edgepath.engines.llama_cpp import LlamaCpp
-from edgepath.errors import EdgepathError
-from edgepath.fleet import Calibration
+from edgepath.rules.fleet import Calibration
+from edgepath.stages import benchmark, control
 
 
 @pytest.fixture(scope="module")
@@ -18,7 +19,7 @@ def tiny(default_model, tmp_path_factory):
     its model record, and the control stage's GGUFs of it: (hf dir, record, control dir)."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from edgepath import model
+    from edgepath.stages import model
 
     work = tmp_path_factory.mktemp("tiny-llama")
     tokenizer = AutoTokenizer.from_pretrained(default_model / "hf")

@@ -7,8 +7,11 @@ import shutil
 
 import pytest
 
-from edgepath import hf_model, model, records
-from edgepath.errors import EdgepathError
+from edgepath.core import records
+from edgepath.core.errors import EdgepathError
+from edgepath.core.files import sha256_file
+from edgepath.formats import hf_model
+from edgepath.stages import model
 
 from .conftest import write_tiny_llama
 
@@ -36,7 +39,7 @@ def test_embedded_default_converts_to_a_complete_bf16_directory(default_model):
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(listed)
     st = listed["model.safetensors"]
     assert st["size"] == (hf / "model.safetensors").stat().st_size
-    assert st["sha256"] == hf_model.sha256_file(hf / "model.safetensors")
+    assert st["sha256"] == sha256_file(hf / "model.safetensors")
 
 
 def test_converted_model_generates_real_text(default_model):
@@ -147,7 +150,7 @@ def test_missing_embedded_package_is_explained(monkeypatch):
 
 
 def test_default_model_shapes_pick_each_kernels_group(default_model):
-    from edgepath import shapes
+    from edgepath.rules import shapes
 
     record = records.read(default_model / "model.json", "model")
     linears = shapes.block_linears({n: t["shape"] for n, t in record["tensors"].items()})
@@ -173,7 +176,7 @@ def test_symlinks_inside_the_directory_are_read_and_recorded(tok, tmp_path):
     record = hf_model.inspect(d)
     assert record["parameters"] > 0
     listed = {f["path"]: f["sha256"] for f in record["files"]}
-    assert listed["weights/model-00001-of-00001.safetensors"] == hf_model.sha256_file(
+    assert listed["weights/model-00001-of-00001.safetensors"] == sha256_file(
         d / "weights" / "model-00001-of-00001.safetensors")
     assert listed["generation_config.json"] == listed["config.json"]
 
@@ -190,7 +193,7 @@ def test_a_closed_directory_is_checked_without_file_digests_too(tok, tmp_path):
 def test_hashing_a_fifo_is_refused_not_waited_on(tmp_path):
     os.mkfifo(tmp_path / "pipe")
     with pytest.raises(EdgepathError, match="pipe: a FIFO, not a regular file"):
-        hf_model.sha256_file(tmp_path / "pipe")
+        sha256_file(tmp_path / "pipe")
 
 
 def test_safetensors_written_by_the_library_pass_the_layout_check(tok, tmp_path):

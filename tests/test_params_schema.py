@@ -8,8 +8,10 @@ import jsonschema
 import pytest
 import yaml
 
-from edgepath import benchmark, export, fleet, quantize, records, select
-from edgepath.errors import EdgepathError
+from edgepath.core import records
+from edgepath.core.errors import EdgepathError
+from edgepath.rules import fleet, select
+from edgepath.stages import benchmark, export, quantize
 
 from .conftest import ROOT
 

@@ -7,11 +7,13 @@ import shutil
 import pytest
 import yaml
 
-from edgepath import coverage, manifest, probe, records, versions
+from edgepath.core import records
+from edgepath.core.errors import EdgepathError
 from edgepath.engines import gguf_gptq
-from edgepath.select import select_weight_path
-from edgepath.errors import EdgepathError
-from edgepath.profile import HardwareProfile
+from edgepath.rules import coverage, versions
+from edgepath.rules.profile import HardwareProfile
+from edgepath.rules.select import select_weight_path
+from edgepath.stages import manifest, probe
 
 from .conftest import run_checked as _run
 
@@ -137,7 +139,8 @@ def test_a_target_asking_for_llama_cpp_on_this_host_gets_the_gguf_verified_and_m
     """Whatever this host's tier selects under auto, a target on it that asks for llama.cpp
     gets the GGUF build, which patch-verify ran here and the benchmark measured."""
     dest, _, _ = pipeline
-    from edgepath import fleet, select, shapes
+    from edgepath.rules import fleet, select, shapes
+    from edgepath.stages.select import selection_record
 
     here = probe.probe()
     model_record = records.read(dest / "build/model/model.json", "model")
@@ -145,7 +148,7 @@ def test_a_target_asking_for_llama_cpp_on_this_host_gets_the_gguf_verified_and_m
     path = select.select_weight_path(here, "speed", linears, engine="llama.cpp")
     selections = tmp_path / "selections"
     selections.mkdir()
-    records.write(selections / "box.json", "selection", select.selection_record(
+    records.write(selections / "box.json", "selection", selection_record(
         "box", "speed", "linux/amd64", here, model_record["fingerprint"], path, "llama.cpp"))
     params = fleet.Params("embedded", {"box": fleet.Target("box", "probe", "speed", "auto", "llama.cpp")})
     m = manifest.build(params, dest / "build/model/model.json", selections, tmp_path / "manifest.json",
@@ -203,7 +206,7 @@ def test_changing_one_priority_reruns_only_that_target(pipeline):
 
 def test_stale_selection_is_refused(pipeline, tmp_path):
     dest, _, _ = pipeline
-    from edgepath import fleet
+    from edgepath.rules import fleet
 
     sel = tmp_path / "selections"
     shutil.copytree(dest / "build/selections", sel)

@@ -13,11 +13,11 @@ import textwrap
 import pytest
 import torch
 
-from edgepath import probe
-from edgepath.gptq.cpu_int4_format import CpuInt4, pack_codes, unpack_codes
-from edgepath.gptq.gptq import MINMAX, snr_db
-from edgepath.vllm_plugin import compile_cache, ops
-from edgepath.vllm_plugin.head_gate import is_head_gate
+from edgepath.engines.vllm_plugin import compile_cache, ops
+from edgepath.engines.vllm_plugin.head_gate import is_head_gate
+from edgepath.formats.cpu_int4_format import CpuInt4, pack_codes, unpack_codes
+from edgepath.quant.gptq import MINMAX, snr_db
+from edgepath.stages import probe
 
 # SmolLM2-135M's quantized layers as vLLM fuses them: qkv, o, gate/up, down, head.
 SMOLLM2_LAYERS = [(960, 576), (576, 576), (3072, 576), (576, 1536), (49152, 576)]
@@ -167,7 +167,7 @@ _IN_FRESH_VLLM = textwrap.dedent("""
     load_general_plugins()
     load_general_plugins()  # vLLM may load plugins more than once; so may we
     from edgepath import vllm_plugin
-    from edgepath.vllm_plugin import register
+    from edgepath.engines.vllm_plugin import register
     register()
     from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS, get_quantization_config
     result = {"status": vllm_plugin.status(), "registered": "cpu_int4" in QUANTIZATION_METHODS,

@@ -11,10 +11,10 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from edgepath import records
+from edgepath.core import records
+from edgepath.core.errors import EdgepathError
 from edgepath.engines import worker
-from edgepath.errors import EdgepathError
-from edgepath.gptq.cpu_int4_format import CpuInt4
+from edgepath.formats.cpu_int4_format import CpuInt4
 
 from .conftest import edgepath_command, write_tiny_llama
 

@@ -4,9 +4,9 @@ import shutil
 
 import pytest
 
-from edgepath import probe
-from edgepath.errors import EdgepathError
-from edgepath.profile import HardwareProfile
+from edgepath.core.errors import EdgepathError
+from edgepath.rules.profile import HardwareProfile
+from edgepath.stages import probe
 
 from .conftest import HOSTS
 

@@ -3,9 +3,9 @@ import json
 
 import pytest
 
-from edgepath import records
-from edgepath.errors import EdgepathError
-from edgepath.profile import HardwareProfile
+from edgepath.core import records
+from edgepath.core.errors import EdgepathError
+from edgepath.rules.profile import HardwareProfile
 
 
 def sample() -> HardwareProfile:

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from edgepath import pull, weight_paths
-from edgepath.errors import EdgepathError
+from edgepath.core import files
+from edgepath.core.errors import EdgepathError
+from edgepath.delivery import pull
+from edgepath.rules import weight_paths
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -77,11 +79,11 @@ def test_missing_lock_is_refused(tmp_path):
 @pytest.mark.parametrize("path", ["../x", "/etc/passwd", "a/../../x", "a//b", "./a", "", "a\\..\\b"])
 def test_paths_leaving_the_directory_are_refused(path):
     with pytest.raises(EdgepathError, match="refused path"):
-        pull.safe_relative(path, "manifest")
+        files.safe_relative(path, "manifest")
 
 
 def test_plain_relative_paths_pass():
-    assert pull.safe_relative("build/weights/w4a16-tinygemm/model.safetensors", "m") == \
+    assert files.safe_relative("build/weights/w4a16-tinygemm/model.safetensors", "m") == \
         "build/weights/w4a16-tinygemm/model.safetensors"
 
 
@@ -144,7 +146,7 @@ def test_a_directory_outputs_listing_comes_from_the_remote_checked(tmp_path):
 def _device_manifest(project: Path, *paths: str, names: dict[str, str] | None = None) -> dict:
     """A manifest whose one target, ``dev``, is the project's files ``paths`` (each named
     by its path under ``out/``, or as ``names`` says)."""
-    from edgepath.versions import build_digest
+    from edgepath.rules.versions import build_digest
 
     names = names or {}
     files = [{"path": p, "name": names.get(p, p.removeprefix("out/")), "size": (project / p).stat().st_size,
@@ -204,8 +206,8 @@ def test_pull_refuses_to_overwrite_a_directory_it_did_not_write(tmp_path):
 
 
 def _profile(name):
-    from edgepath import records
-    from edgepath.profile import HardwareProfile
+    from edgepath.core import records
+    from edgepath.rules.profile import HardwareProfile
 
     return HardwareProfile.from_dict(records.read(ROOT / "profiles" / f"{name}.json", "profile"))
 

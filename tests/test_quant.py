@@ -7,12 +7,20 @@ import shutil
 import pytest
 import torch
 
-from edgepath import calibration, quantize, records
-from edgepath.errors import EdgepathError
-from edgepath.gptq.cpu_int4_format import CpuInt4
-from edgepath.gptq.gptq import (MINMAX, SEARCHES, HessianAccumulator, group_aware_order, quantize_layer,
-                                 representable_scales)
-from edgepath.gptq.gptq_format import GptqV1Int4
+from edgepath.core import records
+from edgepath.core.errors import EdgepathError
+from edgepath.formats.cpu_int4_format import CpuInt4
+from edgepath.formats.gptq_format import GptqV1Int4
+from edgepath.quant.gptq import (
+    MINMAX,
+    SEARCHES,
+    HessianAccumulator,
+    group_aware_order,
+    quantize_layer,
+    representable_scales,
+)
+from edgepath.stages import quantize
+from edgepath.text import calibration
 
 from .conftest import write_tiny_llama
 
@@ -158,7 +166,7 @@ def test_the_signed_search_puts_code_minus_8_on_either_side_and_lowers_the_outpu
 def test_sequential_gptq_leaves_the_linears_it_is_told_to_keep(default_model, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from edgepath.gptq.sequential import quantize_model
+    from edgepath.quant.sequential import quantize_model
 
     tiny = write_tiny_llama(tmp_path / "tiny", default_model / "hf")
     model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval()
@@ -227,16 +235,17 @@ def test_fidelity_is_per_genre_with_the_mean_and_the_worst_genre_as_headline():
 
 
 def test_engine_check_scores_every_genre_and_passes_on_all_their_positions():
-    from edgepath import engine_check
+    from edgepath.scoring import agreement
+    from edgepath.stages import engine_check
 
     sequences = {"code": [[1, 2, 3, 4], [5, 6, 7, 8]], "prose": [[9, 10, 11, 12]]}
-    assert engine_check.all_windows(sequences) == [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]]
+    assert agreement.all_windows(sequences) == [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]]
     engine = [[2, 3, 4], [6, 7, 8], [10, 11, 12]]
     reference = [[2, 3, 4], [6, 7, 8], [0, 0, 12]]  # prose agrees on 1 of 3 positions
-    assert engine_check.agreement_by_genre(engine, reference, sequences) == {"code": 1.0, "prose": 0.3333}
+    assert agreement.agreement_by_genre(engine, reference, sequences) == {"code": 1.0, "prose": 0.3333}
     greedy = {"identical": 1, "prompts": 1, "mean_identical_leading_tokens": 4.0}
-    comparisons = {name: {"teacher_forced_top1_agreement": round(engine_check.agreement(engine, reference), 4),
-                          "teacher_forced_top1_by_genre": engine_check.agreement_by_genre(engine, reference, sequences),
+    comparisons = {name: {"teacher_forced_top1_agreement": round(agreement.agreement(engine, reference), 4),
+                          "teacher_forced_top1_by_genre": agreement.agreement_by_genre(engine, reference, sequences),
                           "greedy": greedy} for name in ("dequantized", "bf16")}
     measured = {"layer_modes": [{"method": "AutoGPTQLinearMethod", "kernel": "_C::int4_scaled_mm_cpu", "layers": 2}],
                 "ops": ["_C::int4_scaled_mm_cpu"], "top1": engine, "greedy": [[1]]}

@@ -10,8 +10,9 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from edgepath import genres, records
-from edgepath.gptq.gptq_format import GptqV1Int4
+from edgepath.core import records
+from edgepath.formats.gptq_format import GptqV1Int4
+from edgepath.text import genres
 
 from .conftest import edgepath_command
 
@@ -136,8 +137,9 @@ def test_a_checkpoint_in_another_convention_fails_the_check(w4a8_checkpoint, def
     """A writer that packs nibbles high-first: the file loads and vLLM writes text, but
     from other weights than the writer meant; only the dequantized reference (the
     writer's intended weights) exposes it."""
-    from safetensors.torch import load_file, save_file
     import shutil
+
+    from safetensors.torch import load_file, save_file
 
     wrong = tmp_path / "nibbles-high-first"
     shutil.copytree(w4a8_checkpoint, wrong)

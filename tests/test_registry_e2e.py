@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from edgepath import pull, records, serve, weight_paths
+from edgepath.core import records
+from edgepath.delivery import pull, serve
 from edgepath.engines import worker
-from edgepath.profile import HardwareProfile
+from edgepath.rules import versions, weight_paths
+from edgepath.rules.profile import HardwareProfile
 
 from .conftest import run_checked as _run
 from .s3server import ACCESS_KEY, SeaweedS3
@@ -61,7 +63,7 @@ def _pull(project, cwd: Path, *args: str) -> subprocess.CompletedProcess:
 
 def _expected(project, tag: str) -> dict[str, dict]:
     m = records.read(project[0] / "manifest.json", "manifest")
-    return {f["path"]: f for f in pull.device_files(pull.target(m, tag))}
+    return {f["path"]: f for f in pull.device_files(versions.target(m, tag))}
 
 
 def _check_pulled(project, out: Path, tag: str) -> None:
@@ -193,7 +195,7 @@ def test_missing_object_fails_the_pull_and_keeps_the_previous_pull(project, tmp_
 def _tampered_manifest(project, clone: Path, edit) -> None:
     """A clone whose manifest.json (and dvc.lock's md5 of it) is ``edit``ed."""
     m = records.read(project[0] / "manifest.json", "manifest")
-    edit(pull.target(m, "host"))
+    edit(versions.target(m, "host"))
     text = records.dumps(m)
     (clone / "manifest.json").write_text(text)
     lock = (clone / "dvc.lock").read_text()

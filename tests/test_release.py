@@ -7,8 +7,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from edgepath import fleet, pull, records, release, versions, weight_paths
-from edgepath.errors import EdgepathError
+from edgepath.core import records
+from edgepath.core.errors import EdgepathError
+from edgepath.delivery import pull, release
+from edgepath.rules import fleet, versions, weight_paths
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -2,11 +2,12 @@ import dataclasses
 
 import pytest
 
-from edgepath import coverage, probe, select, shapes, weight_paths
-from edgepath.errors import EdgepathError
-from edgepath.profile import HardwareProfile
-from edgepath.coverage import has_amx
-from edgepath.select import AUTO, GGUF_PATH, select_weight_path
+from edgepath.core.errors import EdgepathError
+from edgepath.rules import coverage, select, shapes, weight_paths
+from edgepath.rules.coverage import has_amx
+from edgepath.rules.profile import HardwareProfile
+from edgepath.rules.select import AUTO, GGUF_PATH, select_weight_path
+from edgepath.stages import probe
 
 from .conftest import HOSTS
 

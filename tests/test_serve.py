@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from edgepath import serve, weight_paths
 from edgepath.cli import build_parser
-from edgepath.errors import EdgepathError
+from edgepath.core.errors import EdgepathError
+from edgepath.delivery import serve
+from edgepath.rules import weight_paths
 
 
 def _build(root: Path, contents: dict[str, bytes]) -> serve.Build:

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
+from edgepath.core.errors import EdgepathError
 from edgepath.engines import worker
-from edgepath.errors import EdgepathError
 
 # A worker whose engine is a stand-in: ``worker.main`` with ``_engine`` replaced. The
 # stand-in echoes the parsed command line in its info, prints to stdout as vLLM does
@@ -134,7 +134,7 @@ def test_the_real_worker_refuses_llama_cpp_without_threads(tmp_path):
 
 
 def test_importing_the_driver_side_imports_no_engine():
-    code = ("import sys, edgepath.engines.worker, edgepath.benchmark, edgepath.patch_verify; "
+    code = ("import sys, edgepath.engines.worker, edgepath.stages.benchmark, edgepath.stages.patch_verify; "
             "print(sorted(m for m in ('torch', 'vllm', 'transformers', 'llama_cpp') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"

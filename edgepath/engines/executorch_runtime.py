@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import EdgepathError
+from ..core.errors import EdgepathError
 
 
 def _register_kernels() -> None:

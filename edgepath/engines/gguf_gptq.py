@@ -42,8 +42,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import EdgepathError
-from ..gptq.gguf_q4_0_format import BLOCK_BYTES, GgufQ4_0
+from ..core.errors import EdgepathError
+from ..formats.gguf_q4_0_format import BLOCK_BYTES, GgufQ4_0
 from .llama_cpp import convert_to_gguf, converter_dir
 
 # The agreement ``agreement`` must reach: llama.cpp rounds activations to 8 bits in its
@@ -172,7 +172,7 @@ def save_dequantized(model, source_hf: str | os.PathLike, out: str | os.PathLike
     generation settings; returns ``out``."""
     import shutil
 
-    from ..hf_model import TOKENIZER_FILES
+    from ..formats.hf_model import TOKENIZER_FILES
 
     out = Path(out)
     model.save_pretrained(out)
@@ -289,7 +289,7 @@ def agreement(gguf: str | os.PathLike, reference, sequences: dict[str, list[list
     """(over every position, per genre) the share of positions where llama.cpp's top-1
     on ``gguf`` equals PyTorch's on ``reference``, teacher-forced over ``sequences``
     (genre -> windows of token ids, each genre's of one length)."""
-    from ..engine_check import all_windows
+    from ..scoring.agreement import all_windows
 
     with _loaded(gguf, sequences, threads) as engine:
         return top1_agreement(engine.score(all_windows(sequences))["top1"], reference, sequences)
@@ -309,10 +309,11 @@ def _loaded(gguf: str | os.PathLike, sequences: dict[str, list[list[int]]], thre
 def top1_agreement(engine_top1: list[list[int]], reference,
                    sequences: dict[str, list[list[int]]]) -> tuple[float, dict[str, float]]:
     """``agreement``'s figures from llama.cpp's top-1 already scored (one list per window
-    of ``engine_check.all_windows(sequences)``, in that order) against ``reference``'s."""
+    of ``scoring.agreement.all_windows(sequences)``, in that order) against ``reference``'s."""
     import torch
 
-    from ..engine_check import agreement as share_agreeing, agreement_by_genre
+    from ..scoring.agreement import agreement as share_agreeing
+    from ..scoring.agreement import agreement_by_genre
 
     with torch.no_grad():
         torch_top1 = [row for ws in sequences.values()
@@ -328,10 +329,9 @@ def check(gguf: str | os.PathLike, reference, reference_is: str, sequences: dict
     ``AGREEMENT_PASS``."""
     import importlib.metadata
 
-    from .. import records
-    from ..hf_model import sha256_file
-
-    from ..engine_check import all_windows
+    from ..core import records
+    from ..core.files import sha256_file
+    from ..scoring.agreement import all_windows
 
     gguf = Path(gguf)
     with _loaded(gguf, sequences, threads) as engine:

