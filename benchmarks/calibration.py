@@ -147,16 +147,14 @@ def _perplexities(model, held_out) -> dict[str, float]:
 def _scored_by_llama_cpp(path: Path, held_out, threads: int) -> dict:
     """Perplexity per genre of the GGUF at ``path`` in llama.cpp, its bits per weight as
     llama.cpp counts them, and its top-1 predictions (one list per window, genre after genre)."""
-    import math
-
     from edgepath.engines.llama_cpp import LlamaCpp
+    from edgepath.scoring import stats
 
     engine = LlamaCpp(path, threads=threads, n_ctx=1024)
     perplexity, top1 = {}, []
     for genre, windows in held_out.items():
         scored = engine.score(windows.tolist())
-        nll = [x for seq in scored["nll"] for x in seq]
-        perplexity[genre] = math.exp(sum(nll) / len(nll))
+        perplexity[genre] = stats.perplexity(scored["nll"])
         top1 += scored["top1"]
     arm = {"perplexity": perplexity, "bits_per_weight": engine.info()["bits_per_weight"], "top1": top1}
     engine.close()

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -37,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from edgepath.core import records  # noqa: E402
 from edgepath.rules.weight_paths import XNNPACK_GROUP_SIZE  # noqa: E402
+from edgepath.scoring.stats import spread  # noqa: E402
 from edgepath.stages import export
 
 CHECK_TOKENS = 256
@@ -98,9 +98,6 @@ def _fidelity(program, genres, fp32) -> dict:
                     {genre: program.logits(ids.tolist())[:-1] for genre, ids in genres.items()})
 
 
-def _summary(samples: list[float]) -> dict[str, float]:
-    return {"median": round(statistics.median(samples), 2), "min": round(min(samples), 2),
-            "max": round(max(samples), 2)}
 
 
 def main() -> None:
@@ -152,7 +149,7 @@ def main() -> None:
             prefill_rates[name] += [1 / s for s in program.prefill_seconds_per_token(prefill, 1)]
         print(f"phone_xnnpack: round {round_ + 1}/{ROUNDS}", file=sys.stderr, flush=True)
     results = {name: {"pte": str(path), "size_bytes": path.stat().st_size, "fidelity_against_fp32": fidelity[name],
-                      "decode_tok_s": _summary(decode[name]), "prefill_tok_s": _summary(prefill_rates[name]),
+                      "decode_tok_s": spread(decode[name], 2), "prefill_tok_s": spread(prefill_rates[name], 2),
                       "prefill": "one call" if arms[name][1] else "one token per call"}
                for name, (path, _) in arms.items()}
     if "baseline" in results:

@@ -46,8 +46,9 @@ def _load() -> list[float]:
 
 
 def _summary(samples: list[float]) -> dict[str, float]:
-    return {"median": round(statistics.median(samples), 4), "min": round(min(samples), 4),
-            "max": round(max(samples), 4), "n": len(samples)}
+    from edgepath.scoring.stats import spread
+
+    return {**spread(samples, 4), "n": len(samples)}
 
 
 def _interleaved(arms: dict, reps: int) -> dict[str, list[float]]:

@@ -67,7 +67,8 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from edgepath.core import records
-    from edgepath.scoring.evaluate import common_prefix, greedy
+    from edgepath.scoring.agreement import common_prefix, top1_against
+    from edgepath.scoring.evaluate import greedy
     from edgepath.stages.engine_check import dequantized_reference
     from edgepath.text.prompts import fixed_prompt_ids
 
@@ -98,8 +99,8 @@ def main() -> None:
             "torch_mean_leading": round(sum(prefixes) / len(prefixes), 1),
             "vllm_w4a8_identical_of_12": vs_bf16["identical"],
             "vllm_w4a8_mean_leading": round(vs_bf16["mean_identical_leading_tokens"], 1),
-            "vllm_w4a8_top1_vs_bf16": check["against"]["bf16"]["teacher_forced_top1_agreement"],
-            "vllm_w4a8_top1_vs_dequantized": check["against"]["dequantized"]["teacher_forced_top1_agreement"],
+            "vllm_w4a8_top1_vs_bf16": top1_against(check, "bf16"),
+            "vllm_w4a8_top1_vs_dequantized": top1_against(check, "dequantized"),
             "bits_per_weight": report["bits_per_weight"],
             "gptq_time_s": report["gptq_time_s"],
             "peak_rss_gib": round(peaks[name] / 2**30, 2),

@@ -53,7 +53,7 @@ sys.path.insert(0, str(ROOT))
 
 from edgepath.core import atomic
 from edgepath.core.errors import EdgepathError  # noqa: E402
-from edgepath.delivery.serve import Server, free_port, runs_here, server_command  # noqa: E402
+from edgepath.delivery.serve import Server, free_port, server_command, why_not_servable_here  # noqa: E402
 from edgepath.rules import weight_paths  # noqa: E402
 from edgepath.stages.benchmark import alone, read_bandwidth, stored_bytes  # noqa: E402
 
@@ -68,7 +68,7 @@ def arms(weights: Path, model: Path, control: Path) -> list[tuple[str, weight_pa
     for name in ("w4a8-gptq", "w4a16-tinygemm"):
         spec = weight_paths.get(name)
         if (weights / name / "config.json").is_file():
-            why = runs_here(spec)
+            why = why_not_servable_here(spec)
             if why:
                 print(f"serving: {name} not measured: {why}", file=sys.stderr)
             else:

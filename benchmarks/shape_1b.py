@@ -37,6 +37,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from edgepath.core.command import progress  # noqa: E402
+
 CONFIG = {  # Llama-3.2-1B's shapes (its config.json), random weights
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192,
     "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
@@ -45,10 +47,6 @@ CONFIG = {  # Llama-3.2-1B's shapes (its config.json), random weights
     "bos_token_id": 1, "eos_token_id": 2, "attention_bias": False, "mlp_bias": False,
 }
 VLLM_PATHS = ("w4a16-tinygemm", "w4a8-gptq")
-
-
-def _progress(message: str) -> None:
-    print(f"shape_1b: {message}", file=sys.stderr, flush=True)
 
 
 def random_model(out: Path, tokenizer_from: Path) -> None:
@@ -122,7 +120,7 @@ def vllm_build(hf: Path, path: str, out: Path) -> None:
         fields = (q.codes, q.scales) if symmetric else (q.codes, q.scales, q.offsets)
         tensors.update(fmt.pack(*fields).tensors(prefix))
         if i % 16 == 0:
-            _progress(f"{path}: {i + 1}/{len(linears)} linears, {time.monotonic() - started:.0f} s")
+            progress("shape_1b", f"{path}: {i + 1}/{len(linears)} linears, {time.monotonic() - started:.0f} s")
     config = json.loads((hf / "config.json").read_text())
     config["tie_word_embeddings"] = False
     config["quantization_config"] = quantize.quantization_config(spec, group, head="int4", damp=0.0)
@@ -147,7 +145,7 @@ def control(hf: Path, out: Path) -> None:
     scratch.mkdir(parents=True)
     llama_cpp.convert_to_gguf(hf, scratch / "model-f16.gguf")
     for ftype, name in (("Q4_K_M", "model-q4_k_m.gguf"), ("Q4_0", "model-q4_0.gguf")):
-        _progress(f"llama.cpp {ftype}")
+        progress("shape_1b", f"llama.cpp {ftype}")
         llama_cpp.quantize_gguf(scratch / "model-f16.gguf", scratch / name, ftype, threads=os.cpu_count() or 1)
     (scratch / "model-f16.gguf").unlink()  # 2.5 GB, not measured
     scratch.rename(out)
@@ -161,14 +159,14 @@ def main() -> None:
     args = parser.parse_args()
     hf = args.out / "hf"
     if not (hf / "config.json").is_file():
-        _progress("random bf16 checkpoint")
+        progress("shape_1b", "random bf16 checkpoint")
         random_model(hf, args.tokenizer)
     for path in VLLM_PATHS:
         if not (args.out / "weights" / path).is_dir():
             vllm_build(hf, path, args.out / "weights" / path)
     if not (args.out / "control").is_dir():
         control(hf, args.out / "control")
-    _progress(f"done: {args.out}")
+    progress("shape_1b", f"done: {args.out}")
 
 
 if __name__ == "__main__":

@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import statistics
 import sys
 import time
 from contextlib import ExitStack
@@ -50,6 +49,7 @@ from serving import held_out_prompts  # noqa: E402
 from edgepath.core import atomic
 from edgepath.engines.worker import EngineProcess, command  # noqa: E402
 from edgepath.rules import weight_paths  # noqa: E402
+from edgepath.scoring.stats import spread  # noqa: E402
 from edgepath.stages.benchmark import alone  # noqa: E402
 
 PROMPT_TOKENS = 128
@@ -135,11 +135,6 @@ def _profile(process: EngineProcess, prompt: list[int], vocab: int) -> dict[str,
     return {"step_ms_profiled": round(step_ms, 2), **{k: round(v, 2) for k, v in sorted(per_step.items())}}
 
 
-def _median(samples: list[float], digits: int) -> dict[str, float]:
-    return {"median": round(statistics.median(samples), digits), "min": round(min(samples), digits),
-            "max": round(max(samples), digits)}
-
-
 def measure_group(names: list[str], spec: weight_paths.WeightPathSpec, model: Path, vocab: int,
                   prompts: list[list[int]], args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     """``default`` and the levers ``names``, interleaved: their medians, ratios to
@@ -173,9 +168,9 @@ def measure_group(names: list[str], spec: weight_paths.WeightPathSpec, model: Pa
         tokens = rounds[-1]["tokens"]
         same = sum(a == b for seq_a, seq_b in zip(tokens, reference) for a, b in zip(seq_a, seq_b))
         results[name].update({
-            "decode_ms": _median([s["decode_ms"] for s in rounds], 2),
-            "prefill_tok_s": _median([s["prefill_tok_s"] for s in rounds], 1),
-            "batch_tok_s": _median([s["batch_tok_s"] for s in rounds], 1),
+            "decode_ms": spread([s["decode_ms"] for s in rounds], 2),
+            "prefill_tok_s": spread([s["prefill_tok_s"] for s in rounds], 1),
+            "batch_tok_s": spread([s["batch_tok_s"] for s in rounds], 1),
             "greedy_agreement": round(same / sum(len(t) for t in reference), 3)})
     base = results["default"]
     for r in results.values():

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -43,7 +42,7 @@ def main() -> None:
     from edgepath.core import atomic, files
     from edgepath.engines.vllm_cpu import VllmCpu
     from edgepath.rules import fleet
-    from edgepath.scoring import fidelity
+    from edgepath.scoring import fidelity, stats
     from edgepath.stages.probe import probe
     from edgepath.text import calibration
 
@@ -72,8 +71,7 @@ def main() -> None:
     engine = VllmCpu(str(checkpoint), quantization="gptq", w4a8=True, enforce_eager=False)
     genres = {}
     for genre, ids in sorted(sets.items()):
-        nll = [x for seq in engine.score(ids.tolist())["nll"] for x in seq]
-        perplexity = math.exp(sum(nll) / len(nll))
+        perplexity = stats.perplexity(engine.score(ids.tolist())["nll"])
         genres[genre] = {"perplexity": round(perplexity, 3),
                          "increase_pct": round(fidelity.increase_percent(perplexity, bf16[genre]["perplexity"]), 2)}
         print(f"w4a8_held_out: {genre}: {genres[genre]['increase_pct']:+.2f} % over bf16, "

@@ -46,7 +46,7 @@ def test_sigkill_mid_write_leaves_previous_output_and_no_trusted_partial(tmp_pat
         (d / "model.json").write_text("complete")
     script = textwrap.dedent(f"""
         import os, signal
-        from edgepath import atomic
+        from edgepath.core import atomic
         with atomic.directory({str(out)!r}) as d:
             (d / "model.json").write_text("partial")
             os.kill(os.getpid(), signal.SIGKILL)

@@ -16,6 +16,7 @@ from edgepath.core import records
 from edgepath.core.errors import EdgepathError
 from edgepath.rules.profile import HardwareProfile
 from edgepath.rules.select import engines_for, select_weight_path
+from edgepath.scoring import stats
 from edgepath.scoring.fidelity import headline
 from edgepath.stages import benchmark, manifest, patch_verify
 from edgepath.stages.select import selection_record
@@ -141,7 +142,7 @@ def test_a_target_is_measured_here_only_on_a_cpu_of_this_hosts_kind():
 
 def test_fidelity_per_genre_from_scores_and_greedy_tokens():
     bf16_nll = {"prose": [[1.0, 1.0, 1.0, 1.0]], "code": [[0.5, 0.5], [0.5, 0.5]]}
-    reference = {"perplexity": {g: benchmark._perplexity(nll) for g, nll in bf16_nll.items()},
+    reference = {"perplexity": {g: stats.perplexity(nll) for g, nll in bf16_nll.items()},
                  "top1": {"prose": [[1, 2, 3, 4]], "code": [[1, 1], [2, 2]]}, "greedy": [[5, 6, 7], [8, 9, 10]]}
     scored = {"prose": {"nll": [[0.5, 1.0, 1.5, 2.0]], "top1": [[1, 2, 0, 4]]},  # mean nll 1.25 against 1.0
               "code": {"nll": [[0.5, 0.6], [0.4, 0.5]], "top1": [[1, 1], [2, 2]]}}  # the same mean: no increase

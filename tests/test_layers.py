@@ -48,11 +48,14 @@ ancestors = ["pkg"]
 """
 
 
+_LAYERS = {"pyproject.toml": _CONTRACTS, "pkg/__init__.py": "", "pkg/core/__init__.py": "",
+           "pkg/rules/__init__.py": "", "pkg/stages/__init__.py": ""}
+"""A package of three empty layers under the contracts above."""
+
+
 def test_an_import_up_a_layer_inside_a_function_breaks_the_contract(tmp_path):
     root = _package(tmp_path, {
-        "pyproject.toml": _CONTRACTS,
-        "pkg/__init__.py": "", "pkg/core/__init__.py": "", "pkg/rules/__init__.py": "",
-        "pkg/stages/__init__.py": "",
+        **_LAYERS,
         "pkg/core/errors.py": "",
         "pkg/rules/select.py": "from ..core import errors\n\ndef pick():\n    from ..stages import run\n",
         "pkg/stages/run.py": "from ..rules import select\n",
@@ -65,9 +68,7 @@ def test_an_import_up_a_layer_inside_a_function_breaks_the_contract(tmp_path):
 
 def test_a_cycle_between_siblings_breaks_the_contract(tmp_path):
     root = _package(tmp_path, {
-        "pyproject.toml": _CONTRACTS,
-        "pkg/__init__.py": "", "pkg/core/__init__.py": "", "pkg/rules/__init__.py": "",
-        "pkg/stages/__init__.py": "",
+        **_LAYERS,
         "pkg/rules/a.py": "from . import b\n",
         "pkg/rules/b.py": "def f():\n    from . import a\n",
     })

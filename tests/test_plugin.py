@@ -166,7 +166,7 @@ _IN_FRESH_VLLM = textwrap.dedent("""
     from vllm.plugins import load_general_plugins
     load_general_plugins()
     load_general_plugins()  # vLLM may load plugins more than once; so may we
-    from edgepath import vllm_plugin
+    from edgepath.engines import vllm_plugin
     from edgepath.engines.vllm_plugin import register
     register()
     from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS, get_quantization_config

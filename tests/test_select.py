@@ -315,6 +315,6 @@ def test_w4a8_runs_where_amx_or_vnni_with_its_kernel_build_is(flags, runs):
 
 def test_a_run_stands_for_targets_of_its_kernel_tier_only():
     amx, avx2 = AMX.summary(), AVX2.summary()
-    assert coverage.stands_for(amx, amx) is None
-    assert "selects other kernels" in coverage.stands_for(avx2, amx)
-    assert "lacks" in coverage.stands_for(avx2, GPU.summary())
+    assert coverage.why_host_does_not_stand_for(amx, amx) is None
+    assert "selects other kernels" in coverage.why_host_does_not_stand_for(avx2, amx)
+    assert "lacks" in coverage.why_host_does_not_stand_for(avx2, GPU.summary())

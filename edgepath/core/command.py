@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import sys
 import textwrap
+import time
 import unicodedata
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -129,3 +130,8 @@ def emit(text: str, out: str | None, name: str, record: dict[str, Any]) -> None:
         records.write(out, name, record)
     else:
         sys.stdout.write(text)
+
+
+def progress(who: str, message: str) -> None:
+    """One line of a long command's progress on stderr, with the time: ``who: HH:MM:SS message``."""
+    print(f"{who}: {time.strftime('%H:%M:%S')} {message}", file=sys.stderr, flush=True)

@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import stat
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -229,3 +230,35 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+_OVERLAPS_READS = "overlaps what this command reads ({source}); write the output elsewhere"
+
+
+def check_replaceable_directory(out: str | os.PathLike, is_own: Callable[[Path], bool], not_own: str, *,
+                                reads: Iterable[str | os.PathLike] = (), overlap: str = _OVERLAPS_READS,
+                                may_lie_inside_reads: bool = False) -> Path:
+    """``out`` as an absolute path, where a command may build a directory that replaces
+    what is there; refused before anything is written, naming why: the current
+    directory or one above it; a place that is or holds one of ``reads`` (what the
+    command reads), or lies inside one unless ``may_lie_inside_reads`` (``overlap``
+    says so, with ``{source}``); an existing file or symlink; a directory of files that
+    ``is_own`` does not take for an earlier output of the same command (``not_own``
+    completes that refusal, with ``{shown}``: the first entries). Every command that
+    replaces a directory asks this one question."""
+    place = Path(os.path.abspath(out))
+    if place == Path.cwd() or place in Path.cwd().parents:
+        raise EdgepathError(f"{out}: is the current directory or one above it; name a directory of its own")
+    for source in reads:
+        for a, b in ((place, Path(os.path.abspath(source))), (place.resolve(), Path(source).resolve())):
+            if a == b or a in b.parents or (b in a.parents and not may_lie_inside_reads):
+                raise EdgepathError(f"{out}: " + overlap.format(source=source))
+    if place.is_symlink() or place.exists():
+        if place.is_symlink() or not place.is_dir():
+            raise EdgepathError(f"{out}: exists and is not a directory; not replaced (remove it, or write elsewhere)")
+        entries = sorted(p.name for p in place.iterdir())
+        if entries and not is_own(place):
+            shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+            raise EdgepathError(f"{out}: holds files {not_own.format(shown=shown)}; not replaced "
+                                f"(remove it, or write elsewhere)")
+    return place

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.metadata
 import json
 import os
 import re
@@ -143,22 +144,10 @@ def check_output_directory(out: str | os.PathLike, name: str, sources: Iterable[
     ``out`` that is, holds or lies inside one of ``sources`` (what the command reads)
     are refused. A long stage calls this first, so a bad ``--out`` costs no time."""
     out = files.path_of(out, "--out")
-    place = Path(os.path.abspath(out))
-    if place == Path.cwd() or place in Path.cwd().parents:
-        raise EdgepathError(f"{out}: is the current directory or one above it; name a directory of its own")
-    for source in sources:
-        for a, b in ((place, Path(os.path.abspath(source))), (place.resolve(), Path(source).resolve())):
-            if a == b or b in a.parents or a in b.parents:
-                raise EdgepathError(f"{out}: overlaps what this command reads ({source}); write the output elsewhere")
-    if place.is_symlink() or place.exists():
-        if not place.is_dir() or place.is_symlink():
-            raise EdgepathError(f"{out}: exists and is not a directory; not replaced (remove it, or write elsewhere)")
-        entries = sorted(p.name for p in place.iterdir())
-        if entries and not _is_own(place / FILE_NAMES[name], name):
-            shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
-            raise EdgepathError(f"{out}: holds files edgepath did not write there ({shown}): not the {name} "
-                                f"stage's output (no {FILE_NAMES[name]}); not replaced (remove it, or write elsewhere)")
-    return place
+    return files.check_replaceable_directory(
+        out, lambda place: _is_own(place / FILE_NAMES[name], name),
+        f"edgepath did not write there ({{shown}}): not the {name} stage's output (no {FILE_NAMES[name]})",
+        reads=sources)
 
 
 @contextlib.contextmanager
@@ -222,3 +211,22 @@ def _describe(error) -> str:
 
 def _key_path(parts: list[str]) -> str:
     return ".".join(parts) or "(top level)"
+
+
+def versions(*distributions: str) -> dict[str, str | None]:
+    """What made a record: edgepath's version, then each installed distribution's (None
+    where one is not installed), in the order given."""
+    from .. import __version__
+
+    def version(name: str) -> str | None:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    return {"edgepath": __version__, **{name: version(name) for name in distributions}}
+
+
+def tool(distribution: str) -> str:
+    """``"<distribution> <version>"``, as a record names the engine that produced a figure."""
+    return f"{distribution} {importlib.metadata.version(distribution)}"

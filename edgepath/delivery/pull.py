@@ -184,8 +184,8 @@ def target_for_machine(manifest: dict[str, Any], profile, priority: str = "speed
     """The manifest's target for a machine (``profile``, a HardwareProfile): a built
     target of that priority whose path the selector picks for this machine under the
     target's own engine setting; among several, one whose build a run on this machine
-    would stand for (``coverage.stands_for``: the same kernel ISA tier), then one of
-    the same architecture. Returns (tag, why)."""
+    would stand for (``coverage.why_host_does_not_stand_for``: the same kernel ISA
+    tier), then one of the same architecture. Returns (tag, why)."""
     from ..rules.select import engines_for, select_weight_path
 
     here = profile.summary()
@@ -199,8 +199,9 @@ def target_for_machine(manifest: dict[str, Any], profile, priority: str = "speed
         raise EdgepathError(f"the selector picks {path} for this machine ({here['arch']}, {here['kernel_isa']}), but "
                             f"no target of the manifest with priority {priority} has that build; add this device "
                             f"to params.yaml (`edgepath probe --out profiles/<tag>.json`) and run the pipeline")
-    best = min(built, key=lambda t: (coverage.stands_for(t["profile"]["summary"], here) is not None,
-                                     t["profile"]["summary"]["arch"] != here["arch"]))
+    best = min(built, key=lambda t: (
+        coverage.why_host_does_not_stand_for(t["profile"]["summary"], here) is not None,
+        t["profile"]["summary"]["arch"] != here["arch"]))
     return best["tag"], (f"this machine ({here['arch']}, {here['kernel_isa']}) gets {best['path']['name']} "
                          f"(engine {best['engine']}); {best['tag']} "
                          f"({best['profile']['summary']['kernel_isa']}) is built with it")

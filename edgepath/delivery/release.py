@@ -38,7 +38,7 @@ from ..core import atomic, files, records
 from ..core.command import Command
 from ..core.errors import EdgepathError, one_line
 from ..rules import weight_paths
-from ..rules.versions import RELEASES, build_digest, git_tag, read_releases, state, version_key
+from ..rules.versions import RELEASES, git_tag, read_releases, version_key
 
 DVC_YAML = "dvc.yaml"
 DEVICES_DIR = "build/devices"

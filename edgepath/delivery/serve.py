@@ -148,21 +148,15 @@ def server_command(spec: weight_paths.WeightPathSpec, model: Path, name: str, ho
     return argv + list(engine_args), env
 
 
-def runs_here(spec: weight_paths.WeightPathSpec) -> str | None:
-    """Why this host cannot run ``spec``'s vLLM kernel, or None (checked before the
-    server starts: a missing kernel would fail minutes into vLLM's start, or fault)."""
+def why_not_servable_here(spec: weight_paths.WeightPathSpec) -> str | None:
+    """Why this host cannot run ``spec``'s vLLM kernel, or None when it can or the path
+    has no 4-bit kernel (checked before the server starts: a missing kernel would fail
+    minutes into vLLM's start, or fault). The engine check's question, asked of the path."""
     if spec.kernel is None:
         return None
-    if spec.w4a8:
-        from ..rules.coverage import w4a8_unsupported
-        from ..stages.probe import probe
+    from ..stages.engine_check import why_not_runnable_here
 
-        why = w4a8_unsupported(probe())
-        if why:
-            return why
-    from ..engines.vllm_cpu import missing_kernel
-
-    return missing_kernel(spec.kernel.op)
+    return why_not_runnable_here(spec.quantization, spec.w4a8)
 
 
 def plan(directory: str | os.PathLike, host: str, port: int, parallel: int, context: int,
@@ -175,7 +169,7 @@ def plan(directory: str | os.PathLike, host: str, port: int, parallel: int, cont
         model = _one(build, "GGUF files", lambda n: n.endswith(".gguf"))
     else:
         model = _one(build, "checkpoint folders (config.json)", lambda n: Path(n).name == "config.json").parent
-        why = runs_here(spec)
+        why = why_not_servable_here(spec)
         if why:
             raise EdgepathError(f"{build.root}: {build.tag}'s build ({spec.name}) cannot run here: {why}")
     argv, env = server_command(spec, model, build.tag, host, port, parallel, context, engine_args)

@@ -14,13 +14,13 @@ the program is loaded.
 
 from __future__ import annotations
 
-import statistics
 import time
 from pathlib import Path
 
 import torch
 
 from ..core.errors import EdgepathError
+from ..scoring.stats import spread
 
 
 def _register_kernels() -> None:
@@ -114,5 +114,4 @@ class PteDecoder:
 
 
 def median_tok_s(seconds_per_token: list[float]) -> dict[str, float]:
-    rates = [1 / s for s in seconds_per_token]
-    return {"median": round(statistics.median(rates), 2), "min": round(min(rates), 2), "max": round(max(rates), 2)}
+    return spread([1 / s for s in seconds_per_token], 2)

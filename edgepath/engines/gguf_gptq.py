@@ -327,11 +327,10 @@ def check(gguf: str | os.PathLike, reference, reference_is: str, sequences: dict
     (size, sha256, bits per weight as llama.cpp counts them, tensor types) and its
     ``agreement`` with ``reference`` (described by ``reference_is``), passed at
     ``AGREEMENT_PASS``."""
-    import importlib.metadata
 
     from ..core import records
     from ..core.files import sha256_file
-    from ..scoring.agreement import all_windows
+    from ..scoring.agreement import all_windows, comparison
 
     gguf = Path(gguf)
     with _loaded(gguf, sequences, threads) as engine:
@@ -342,7 +341,7 @@ def check(gguf: str | os.PathLike, reference, reference_is: str, sequences: dict
         types[tensor.tensor_type.name] = types.get(tensor.tensor_type.name, 0) + 1
     return {
         **records.envelope("gguf_check"),
-        "engine": f"llama-cpp-python {importlib.metadata.version('llama-cpp-python')}",
+        "engine": records.tool("llama-cpp-python"),
         "file": {"name": gguf.name, "size": gguf.stat().st_size, "sha256": sha256_file(gguf),
                  "bits_per_weight": info["bits_per_weight"], "parameters": info["parameters"],
                  "tensor_types": dict(sorted(types.items())), "desc": info["desc"]},
@@ -350,8 +349,7 @@ def check(gguf: str | os.PathLike, reference, reference_is: str, sequences: dict
         "held_out": {"windows_per_genre": {g: len(ws) for g, ws in sequences.items()},
                      "length": max(len(w) for ws in sequences.values() for w in ws)},
         "teacher_forced_positions": sum(len(w) - 1 for ws in sequences.values() for w in ws),
-        "against": {"reference": {"teacher_forced_top1_agreement": round(overall, 4),
-                                  "teacher_forced_top1_by_genre": by_genre}},
+        "against": {"reference": comparison(overall, by_genre)},
         "threshold": {"teacher_forced_top1_vs_reference": AGREEMENT_PASS},
         "passed": overall >= AGREEMENT_PASS,
     }

@@ -82,6 +82,19 @@ def layer_kernel(module: Any) -> str | None:
     return getattr(getattr(module, "quant_method", None), "kernel_op", None)
 
 
+def measure(engine: VllmCpu, sequences: Sequence[Sequence[int]], prompts: list[list[int]],
+            new_tokens: int) -> dict[str, Any]:
+    """What the engine itself shows (JSON-able), as the engine check records it: its
+    layers' kernels, the operators that ran, teacher-forced top-1 over ``sequences`` and
+    greedy continuations of ``prompts``."""
+    return {
+        "layer_modes": engine.layer_modes(),
+        "ops": sorted(engine.profiled_ops(prompts[:1], 4)),
+        "top1": engine.teacher_forced_top1(sequences),
+        "greedy": engine.greedy(prompts, new_tokens),
+    }
+
+
 class VllmCpu:
     """One engine over one checkpoint. ``w4a8``: the value of ``VLLM_CPU_INT4_W4A8``;
     ``env``: more engine environment (the plugin's switches); ``prefix_caching``
@@ -203,13 +216,3 @@ class VllmCpu:
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             self.greedy(prompts, new_tokens)
         return {e.key for e in prof.key_averages()}
-
-    def measure(self, sequences: Sequence[Sequence[int]], prompts: list[list[int]], new_tokens: int) -> dict[str, Any]:
-        """What the engine itself shows (JSON-able): its layers' kernels, the operators
-        that ran, teacher-forced top-1 over ``sequences`` and greedy continuations."""
-        return {
-            "layer_modes": self.layer_modes(),
-            "ops": sorted(self.profiled_ops(prompts[:1], 4)),
-            "top1": self.teacher_forced_top1(sequences),
-            "greedy": self.greedy(prompts, new_tokens),
-        }

@@ -36,7 +36,7 @@ line on stdin with one line (or ``{"error": "..."}``):
   (vLLM only: ``vllm_plugin.status()``)
 - ``{"op": "measure", "sequences": [[ids]], "prompts": [[ids]], "new_tokens": n}``
   -> ``{"layer_modes": [...], "ops": [...], "top1": [[...]], "greedy": [[...]]}``
-  (vLLM only: ``VllmCpu.measure``, what the engine check records)
+  (vLLM only: ``vllm_cpu.measure``, what the engine check records)
 
 The worker exits when its stdin closes.
 
@@ -98,8 +98,10 @@ def _answer(engine, request: dict[str, Any]) -> dict[str, Any]:
         return engine.profile_decode(request["prompt"], request["new_tokens"])
     if op == "plugin_status" and hasattr(engine, "plugin_status"):
         return engine.plugin_status()
-    if op == "measure" and hasattr(engine, "measure"):
-        return engine.measure(request["sequences"], request["prompts"], request["new_tokens"])
+    if op == "measure" and hasattr(engine, "profiled_ops"):
+        from .vllm_cpu import measure
+
+        return measure(engine, request["sequences"], request["prompts"], request["new_tokens"])
     raise ValueError(f"unknown op {op!r}")
 
 

@@ -4,10 +4,10 @@ Two rules, each written once:
 
 - ``device_class``: a GPU machine, a phone, or a CPU machine (by architecture).
   The selector picks a path by it and the images table picks an image by it.
-- ``stands_for``: a run on host H stands for target T when T computes on a CPU
-  of H's kernel ISA tier (``HardwareProfile.kernel_isa``: AMX, AVX512-BF16,
-  AVX512, AVX2, or the architecture), since the tier is what selects the
-  kernels that ran. patch-verify's records (the manifest's verification),
+- ``why_host_does_not_stand_for``: a run on host H stands for target T when T
+  computes on a CPU of H's kernel ISA tier (``HardwareProfile.kernel_isa``: AMX,
+  AVX512-BF16, AVX512, AVX2, or the architecture), since the tier is what selects
+  the kernels that ran. patch-verify's records (the manifest's verification),
   the benchmark's measurements and ``edgepath pull --probe`` all take it.
 
 And one rule about hosts: ``w4a8_unsupported``, whether a CPU can run vLLM's
@@ -86,7 +86,7 @@ def w4a8_unsupported(host: HardwareProfile) -> str | None:
     return None
 
 
-def stands_for(host: Mapping[str, Any], target: Mapping[str, Any]) -> str | None:
+def why_host_does_not_stand_for(host: Mapping[str, Any], target: Mapping[str, Any]) -> str | None:
     """Why a run on ``host`` does not stand for ``target`` (both profile summaries), or
     None when it does: the target computes on its CPU, of the host's kernel ISA tier."""
     if target["accelerator"] != "none":

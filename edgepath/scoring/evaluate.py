@@ -35,12 +35,3 @@ def greedy(model, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
     out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens,
                          min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
     return out[:, width:].tolist()
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n

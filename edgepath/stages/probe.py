@@ -403,19 +403,10 @@ def _snapshot_destination(dest: Path, root: Path) -> Path:
     every capture writes), which is replaced. Refused, before anything is written: an
     existing file or symlink, a directory of other files, the current directory or
     one above it, and ``root`` itself or a directory holding it."""
-    place = Path(os.path.abspath(dest))
-    if place == Path.cwd() or place in Path.cwd().parents:
-        raise EdgepathError(f"{dest}: is the current directory or one above it; name a directory of its own")
-    for a, b in ((place, Path(os.path.abspath(root))), (place.resolve(), root.resolve())):
-        if a == b or a in b.parents:
-            raise EdgepathError(f"{dest}: is or holds the root it would copy ({root}); write the snapshot elsewhere")
-    if place.is_symlink() or place.exists():
-        if place.is_symlink() or not place.is_dir():
-            raise EdgepathError(f"{dest}: exists and is not a directory; not replaced (remove it, or write elsewhere)")
-        if any(place.iterdir()) and not (place / ".edgepath/uname-m").is_file():
-            raise EdgepathError(f"{dest}: holds files that are not a snapshot (no .edgepath/uname-m); "
-                                f"not replaced (remove it, or write elsewhere)")
-    return place
+    return files.check_replaceable_directory(
+        dest, lambda place: (place / ".edgepath/uname-m").is_file(), "that are not a snapshot (no .edgepath/uname-m)",
+        reads=[root], overlap="is or holds the root it would copy ({source}); write the snapshot elsewhere",
+        may_lie_inside_reads=True)
 
 
 # ---------------------------------------------------------------- the command

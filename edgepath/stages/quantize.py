@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.metadata
 import json
 import re
 import shutil
@@ -55,7 +54,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
 from ..core import files, records
 from ..core.command import Command
 from ..core.errors import EdgepathError
@@ -63,6 +61,7 @@ from ..formats import hf_model
 from ..rules import shapes, weight_paths
 from ..rules.fleet import Calibration, Gptq, check_namespace
 from ..rules.weight_paths import Engine, Grid, Stage, WeightPathSpec
+from ..scoring.agreement import top1_against
 from ..scoring.fidelity import headline, increase_percent
 from . import engine_check
 
@@ -145,11 +144,6 @@ def quantized_layers(info: dict[str, Any], head: str) -> dict[str, tuple[int, in
         vocab, hidden = info["config"]["vocab_size"], info["config"]["hidden_size"]
         linears["lm_head"] = (vocab, hidden)
     return linears
-
-
-def _versions() -> dict[str, str]:
-    names = ("torch", "transformers", "safetensors")
-    return {"edgepath": __version__, **{n: importlib.metadata.version(n) for n in names}}
 
 
 def _tensor_report(name: str, weight, q) -> dict[str, Any]:
@@ -255,7 +249,7 @@ def run(model_dir: str | Path, path: str, out: str | Path, settings: Settings = 
         "fidelity": fidelity(ppl_reference, ppl_quantized, settings.eval_windows, settings.eval_length,
                              held_out_documents),
         "tensors": {p: _tensor_report(p, original[f"{p}.weight"], q) for p, q in sorted(quantized.items())},
-        "versions": _versions(),
+        "versions": records.versions("torch", "transformers", "safetensors"),
         "gptq_time_s": round(gptq_time, 1),
         "wall_time_s": round(time.monotonic() - started, 1),
     }
@@ -368,7 +362,7 @@ def _publish_gguf(model, model_dir: Path, out: Path, report: dict[str, Any],
                                   threads=os.cpu_count() or 1)
         records.write(scratch / records.FILE_NAMES["gguf_check"], "gguf_check", checked)
         if not checked["passed"]:
-            agreement = checked["against"]["reference"]["teacher_forced_top1_agreement"]
+            agreement = top1_against(checked, "reference")
             raise EdgepathError(f"llama.cpp's output disagrees with the GPTQ weights it was written from: top-1 "
                                 f"agreement {agreement:.3f} < {gguf_gptq.AGREEMENT_PASS} (a packing or "
                                 f"tensor-order mistake); the GGUF was not written")
@@ -402,7 +396,7 @@ def fidelity(reference: dict[str, float], quantized: dict[str, float], windows: 
 
 
 def _failed(checked: dict[str, Any]) -> str:
-    agreement = checked["against"]["dequantized"]["teacher_forced_top1_agreement"]
+    agreement = top1_against(checked, "dequantized")
     threshold = checked["threshold"]["teacher_forced_top1_vs_dequantized"]
     if not checked["ran_kernel"]:
         return (f"the engine did not run {checked['kernel_op']} on every quantized layer "
@@ -432,7 +426,7 @@ def _cmd(args: argparse.Namespace) -> None:
     if weight_paths.get(args.path).engine is Engine.LLAMA_CPP:
         check = records.read(Path(args.out) / records.FILE_NAMES["gguf_check"], "gguf_check")
         checked = (f"llama.cpp check passed (top-1 agreement "
-                   f"{check['against']['reference']['teacher_forced_top1_agreement']:.3f})")
+                   f"{top1_against(check, 'reference'):.3f})")
     else:
         check = records.read(Path(args.out) / engine_check.CHECK_NAME, "engine_check")
         checked = f"engine check not run: {check['not_run']}" if check["not_run"] else "engine check passed"

@@ -14,7 +14,7 @@ from typing import Any
 from ..core.command import Command
 from ..core.errors import EdgepathError
 from ..rules.profile import HardwareProfile
-from ..rules.select import AUTO, ENGINES, WeightPath, select_weight_path
+from ..rules.select import AUTO, ENGINES, PHONE_MIN_TOP1, WeightPath, select_weight_path
 
 
 def selection_record(
@@ -78,13 +78,14 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="write the selection record here (default: print the path)")
 
 
-COMMAND = Command("select", "choose a device's weight path", """\
+COMMAND = Command("select", "choose a device's weight path", f"""\
     Choose the weight path for a device profile, with the reason.
 
     In vLLM, x86 CPUs with AMX, or with AVX512-VNNI and AVX512-BF16, get
     w4a8-gptq (GPTQ, vLLM's int4 x int8 kernel) for speed; other x86 CPUs,
-    priority 'fidelity' and Arm CPUs get w4a16-tinygemm; a phone gets an ExecuTorch export (w8a16-qnn with a Qualcomm NPU,
-    otherwise w4a8-xnnpack for speed where its measured top-1 against fp32 reaches 0.80,
+    priority 'fidelity' and Arm CPUs get w4a16-tinygemm; a phone gets an
+    ExecuTorch export (w8a16-qnn with a Qualcomm NPU, otherwise w4a8-xnnpack
+    for speed where its measured top-1 against fp32 reaches {PHONE_MIN_TOP1:.2f},
     w8a8-xnnpack for fidelity); CUDA GPUs run bf16 (fp16 without bf16). With
     --engine llama.cpp a CPU or a phone gets q4_0-gguf; with --engine auto (the
     default) a CPU gets whichever of its vLLM path and q4_0-gguf measured better
