@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Build llama.cpp's Python bindings (llama-cpp-python, the benchmark's control engine)
-# from source into .venv for this host's CPU, copy llama.cpp's HF -> GGUF converter
-# out of the same sdist into .venv/share/edgepath/llama.cpp, and build its llama-imatrix,
-# llama-quantize and llama-server from the same sources into .venv/share/edgepath/llama.cpp/bin
-# (the control's imatrix Q4_0: the bindings cannot hand the quantizer an importance matrix;
-# `edgepath serve` and the serving benchmark: llama.cpp's own OpenAI-compatible server).
+# Build llama.cpp from llama-cpp-python's sdist for this host's CPU, once: its shared
+# libraries for the Python bindings (llama-cpp-python, the benchmark's control engine,
+# installed into .venv) and its llama-imatrix, llama-quantize and llama-server into
+# .venv/share/edgepath/llama.cpp/bin (the control's imatrix Q4_0: the bindings cannot hand
+# the quantizer an importance matrix; `edgepath serve` and the serving benchmark:
+# llama.cpp's own OpenAI-compatible server); copy llama.cpp's HF -> GGUF converter out
+# of the same sdist into .venv/share/edgepath/llama.cpp.
 # Idempotent: skipped while .venv/.edgepath-llama-cpp names this version and these flags.
-# Takes ~7 min on 2 cores for the bindings (140 C/C++ units; measured here: 6 min 28 s)
-# and ~6 min more for the three tools, statically linked (measured here, alone: 5 min 40 s).
+# Built twice before (bindings 6 min 28 s, then the tools statically, 5 min 40 s, on the
+# AVX2 host); once, the tools add only their own units to the bindings' build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -35,7 +36,7 @@ esac
 
 stamp=.venv/.edgepath-llama-cpp
 tool_names=(llama-imatrix llama-quantize llama-server)
-want="llama-cpp-python $version ${cmake_args[*]}; tools: ${tool_names[*]}"
+want="llama-cpp-python $version ${cmake_args[*]}; tools: ${tool_names[*]}; one shared build"
 if [[ -f $stamp && $(cat "$stamp") == "$want" ]]; then
     exit 0
 fi
@@ -51,15 +52,42 @@ if [[ $got != "$sdist_sha256" ]]; then
     exit 1
 fi
 
-echo "build_llama_cpp: building llama-cpp-python $version from source (~7 min on 2 cores)" >&2
-# --no-cache-dir and --force-reinstall: pip's wheel cache is keyed by the sdist, not by
-# these flags, and would hand back a build for another CPU.
-CMAKE_ARGS="${cmake_args[*]}" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
+# llama.cpp itself, compiled once for the bindings and the tools alike: its shared
+# libraries (what the bindings load) and the three tools linked to them, every file in
+# one folder with RPATH $ORIGIN so that the tools find the libraries beside them. The
+# server without its web UI (its assets would be downloaded) and without OpenSSL (it
+# serves plain HTTP on the address `edgepath serve` gives it).
+echo "build_llama_cpp: building llama.cpp $version's libraries and ${tool_names[*]} (~8 min on 2 cores)" >&2
+tar -xzf "$sdist" -C "$download" "llama_cpp_python-$version/vendor/llama.cpp"
+build=$download/build
+build_args=()
+for arg in "${cmake_args[@]}"; do
+    case $arg in
+        -DLLAMA_BUILD_TOOLS=OFF|-DLLAMA_BUILD_SERVER=OFF) build_args+=("${arg%=OFF}=ON") ;;
+        *) build_args+=("$arg") ;;
+    esac
+done
+cmake -S "$download/llama_cpp_python-$version/vendor/llama.cpp" -B "$build" -DCMAKE_BUILD_TYPE=Release \
+    -DBUILD_SHARED_LIBS=ON -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON '-DCMAKE_INSTALL_RPATH=$ORIGIN' \
+    -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DGGML_CCACHE=OFF \
+    "${build_args[@]}" \
+    > "$download/cmake.log" || { cat "$download/cmake.log" >&2; exit 1; }
+cmake --build "$build" --target llama "${tool_names[@]}" -j "$(nproc)" > "$download/build.log" \
+    || { tail -50 "$download/build.log" >&2; exit 1; }
+libraries=("$build"/bin/lib*.so*)
+
+# The bindings without a build of their own (LLAMA_BUILD=OFF: pure Python), then the
+# libraries above where they load them from (llama_cpp/lib). --no-cache-dir and
+# --force-reinstall: pip's wheel cache is keyed by the sdist, not by these flags.
+CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" \
     "${pip[@]}" install --no-cache-dir --force-reinstall --no-deps "$sdist"
 "${pip[@]}" install -c requirements/lock.txt "llama-cpp-python==$version"  # its dependencies, pinned
+bindings=$(.venv/bin/python -c 'import importlib.util, pathlib; print(pathlib.Path(importlib.util.find_spec("llama_cpp").origin).parent)')
+mkdir -p "$bindings/lib"
+cp -a "${libraries[@]}" "$bindings/lib/"
 
 # The converter and what it imports (its conversion package, its own gguf-py), one
-# llama.cpp version with the engine.
+# llama.cpp version with the engine; the tools and their libraries in bin/.
 share=.venv/share/edgepath
 mkdir -p "$share"
 stage=$(mktemp -d "$share/.llama.cpp.XXXXXX")
@@ -67,28 +95,8 @@ tar -xzf "$sdist" -C "$stage" --strip-components=3 \
     "llama_cpp_python-$version/vendor/llama.cpp/convert_hf_to_gguf.py" \
     "llama_cpp_python-$version/vendor/llama.cpp/conversion" \
     "llama_cpp_python-$version/vendor/llama.cpp/gguf-py"
-
-# The tools, with the bindings' ISA flags, linked statically so that they stand alone. The
-# server without its web UI (its assets would be downloaded) and without OpenSSL (it serves
-# plain HTTP on the address `edgepath serve` gives it).
-echo "build_llama_cpp: building ${tool_names[*]} (~6 min on 2 cores)" >&2
-tar -xzf "$sdist" -C "$download" "llama_cpp_python-$version/vendor/llama.cpp"
-tools=$download/build
-tool_args=()
-for arg in "${cmake_args[@]}"; do
-    case $arg in
-        -DLLAMA_BUILD_TOOLS=OFF|-DLLAMA_BUILD_SERVER=OFF) tool_args+=("${arg%=OFF}=ON") ;;
-        *) tool_args+=("$arg") ;;
-    esac
-done
-cmake -S "$download/llama_cpp_python-$version/vendor/llama.cpp" -B "$tools" -DCMAKE_BUILD_TYPE=Release \
-    -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DGGML_CCACHE=OFF \
-    "${tool_args[@]}" \
-    > "$download/cmake.log" || { cat "$download/cmake.log" >&2; exit 1; }
-cmake --build "$tools" --target "${tool_names[@]}" -j "$(nproc)" > "$download/build.log" \
-    || { tail -50 "$download/build.log" >&2; exit 1; }
 mkdir -p "$stage/bin"
-cp "${tool_names[@]/#/$tools/bin/}" "$stage/bin/"
+cp -a "${tool_names[@]/#/$build/bin/}" "${libraries[@]}" "$stage/bin/"
 rm -rf "$share/llama.cpp"
 mv -T "$stage" "$share/llama.cpp"
 echo "$want" > "$stamp"
