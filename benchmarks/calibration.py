@@ -11,7 +11,7 @@ made by llama.cpp's own converter and quantizer from the same checkpoint) is
 scored through llama.cpp on those ids, so every GPTQ variant stands against the
 figures the issue's goal names: below Q4_0 on every genre, a mean at most 1.5x
 Q4_K_M's. The GPTQ variants run the quantize stage's own code
-(``gptq.sequential.quantize_model``) in this process, one after the other, each
+(``quant.sequential.quantize_model``) in this process, one after the other, each
 on a fresh copy of the model; fidelity does not depend on load, so the figures
 hold whatever else the machine does (the times do not). A variant marked ``gguf``
 is scored as llama.cpp runs it instead: its weights written as Q4_0 blocks

@@ -4,14 +4,14 @@ Lifecycle of ``write(quantized_hf, out, policy)``:
 
 1. ``quantized_hf`` is a Hugging Face directory (``save_dequantized``) whose decoder
    linears hold GPTQ's dequantized weights in fp32, exactly on the symmetric grid at group 32
-   (``gptq.gptq``), but for those the policy stores as Q8_0, and whose other tensors are
+   (``quant.gptq``), but for those the policy stores as Q8_0, and whose other tensors are
    the model's own.
 2. llama.cpp's own converter writes it as an F32 GGUF: the metadata, tokenizer,
    chat template, tensor names and the row orders llama.cpp wants (it permutes
    the query and key rows for its rotary layout) are the converter's, whatever
    the architecture; F32 carries every value unchanged.
 3. Each tensor gets its type from ``TensorPolicy.type_of``: the per-tensor policy,
-   kept apart from the numeric packing (``gptq.gguf_q4_0_format``).
+   kept apart from the numeric packing (``formats.gguf_q4_0_format``).
    - decoder matrices: Q4_0, recovered block by block from their values
      (``GgufQ4_0.from_values`` refuses a block off the grid, so the file holds
      GPTQ's codes and scales bit for bit); those the policy names, Q8_0

@@ -9,7 +9,7 @@ output channel; ``K % 32 == 0``), each row is ``K / 32`` blocks of 18 bytes::
 
     W[n, 32 b + j] = (c[j] - 8) * d
 
-That is the symmetric grid of ``gptq.gptq`` at group 32: zero at 8, one scale per
+That is the symmetric grid of ``quant.gptq`` at group 32: zero at 8, one scale per
 group, scales exact in fp16. llama.cpp's own quantizer sets ``d`` to the block's
 value of largest magnitude over -8 and rounds to nearest; a GPTQ block keeps the
 scale its search chose and GPTQ's codes, so the file holds GPTQ's weights bit for bit.

@@ -7,11 +7,11 @@ turns into its dynamically quantized GEMMs; two recipes:
 - ``quantize_8da4w`` (``w4a8-xnnpack``): the decoder's linears but the key and
   value projections (``EIGHT_BIT_LINEARS``) in symmetric int4, groups of 32 along
   the input, one scale per group (XNNPACK's qd8-f32-qb4w), made by GPTQ with the
-  quantize stage's per-group scale search on that grid (``gptq.sequential``):
+  quantize stage's per-group scale search on that grid (``quant.sequential``):
   ``qdata = code - 8``, ``scale`` GPTQ's, zero point 0. XNNPACK stores group scales
   in bf16 (ExecuTorch's serializer casts them) and refuses scales that are not
   positive (the program fails to load: ``xnn_status_invalid_parameter``): GPTQ's
-  scales are exact in bf16 (``gptq.gptq.representable_scales``) and its sign search
+  scales are exact in bf16 (``quant.gptq.representable_scales``) and its sign search
   is off, which ``load_4bit`` asserts, so the program holds GPTQ's weights bit for
   bit. The key and value projections and the output head: int8 per output channel
   (qd8-f32-qc8w), rounded by torchao; XNNPACK has no grouped 8-bit kernel (its
@@ -35,7 +35,7 @@ two fp32 buffers ``[1, max_seq_len, kv_heads, head_dim]`` that ExecuTorch's
 ExecuTorch's optimized CPU kernel (grouped-query heads natively): what
 optimum-executorch's ``--use_custom_sdpa --use_custom_kv_cache`` do, in place of
 attention over the whole static cache in portable kernels. The decoder is the Llama
-family's (``gptq.sequential.check_architecture``); the eager model the program is
+family's (``quant.sequential.check_architecture``); the eager model the program is
 checked against is the same quantized module run by transformers.
 
 Lifecycle: quantize the fp32 model in place with one recipe; ``export`` it: the

@@ -170,7 +170,7 @@ class WeightPathSpec:
     """A group size the format fixes, whatever the model."""
     grid: Grid | None = None
     checkpoint_format: str | None = None
-    """``quantization_config.quant_method`` of the checkpoint (its class: ``gptq.layer_format``)."""
+    """``quantization_config.quant_method`` of the checkpoint (its class: ``formats.checkpoint.layer_format``)."""
     checkpoint_layout: str | None = None
     """The checkpoint's layout in a phrase, for the quantization report."""
     engine_kwargs: tuple[tuple[str, Any], ...] = ()

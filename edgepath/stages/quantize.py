@@ -7,15 +7,15 @@ Lifecycle of ``run(model_dir, path, out, settings)``:
    shapes no group size fits (the path's ``group_rule``, layer named), a
    calibration corpus too short or a chat template missing.
 2. Calibrate: draw the token windows (``calibration``).
-3. Quantize layer by layer (``gptq.sequential``: GPTQ with a per-group grid
+3. Quantize layer by layer (``quant.sequential``: GPTQ with a per-group grid
    search on the layer's output error), the output head too when ``head: int4``.
    A GGUF path first rounds what its file stores above 4 bits (the tensor policy,
    ``engines.gguf_gptq.DEFAULT_POLICY``: the embedding, the key and value
    projections) to Q8_0, and GPTQ leaves those matrices alone. A W4A8 path first
    ranks the down projections by what int8 inputs do to the model's output
-   (``gptq.activation_error``) and keeps the first ``w4a8_bf16_down_proj`` bf16,
+   (``quant.activation_error``) and keeps the first ``w4a8_bf16_down_proj`` bf16,
    out of GPTQ; the checkpoint's ``quantization_config.dynamic`` tells vLLM so.
-4. Pack into the path's format (``gptq.gptq_format``, ``gptq.cpu_int4_format``; for
+4. Pack into the path's format (``formats.gptq_format``, ``formats.cpu_int4_format``; for
    ``q4_0-gguf`` a GGUF of Q4_0 blocks, ``engines.gguf_gptq``), copy config,
    tokenizer and chat template (a GGUF carries its own), and write
    ``quantization_report.json`` beside the weights. Its fidelity: perplexity of
@@ -39,7 +39,7 @@ quantize) shares steps 1-3 and the report; they differ in what their record
 names: the grid (``w4a8-gptq``: symmetric, its scale searched, for vLLM's GPTQ
 kernels; ``w4a16-tinygemm``: asymmetric, its range searched, for tinygemm
 through edgepath's vLLM plugin; ``q4_0-gguf``: symmetric at group 32, for llama.cpp;
-``gptq.gptq.grid``), the group-size rule, and steps 4-5's packing and engine.
+``quant.gptq.grid``), the group-size rule, and steps 4-5's packing and engine.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ REPORT_NAME = records.FILE_NAMES["quantization"]
 WEIGHTS_NAME = "model.safetensors"
 HEADS = ("int4", "bf16")
 SEARCH_NAMES = ("output-error", "weight-mse", "none")
-"""The objectives of ``gptq.gptq.SEARCHES`` (each grid has all three), here so that
+"""The objectives of ``quant.gptq.SEARCHES`` (each grid has all three), here so that
 settings are checked without torch."""
 OVERRIDES = {"samples": ("calibration", "samples"), "length": ("calibration", "length"),
              "search": ("quantize", "gptq", "search"), "head": ("quantize", "head")}
@@ -83,7 +83,7 @@ class Settings:
 
     head: str = "bf16"
     w4a8_bf16_down_proj: int = 4
-    """Down projections a W4A8 path keeps bf16 (``gptq.activation_error``). Measured in
+    """Down projections a W4A8 path keeps bf16 (``quant.activation_error``). Measured in
     vLLM on SmolLM2-135M (16 x 512 held-out tokens per genre): none kept +8.78 % mean
     perplexity, four +7.98 %, each at 0.094 more bits per weight (docs/quantize.md)."""
     calibration: Calibration = Calibration()
@@ -280,7 +280,7 @@ RANKING_SAMPLES = 16
 
 def _ranked_bf16_tensors(model, tokens, count: int, started: float) -> dict[str, Any]:
     """The report's ``bf16_tensors``: the ``count`` down projections whose int8 inputs
-    move the model's output most (``gptq.activation_error``), measured on
+    move the model's output most (``quant.activation_error``), measured on
     ``RANKING_SAMPLES`` calibration samples."""
     from ..quant.activation_error import rank_down_projections
 
