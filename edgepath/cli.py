@@ -13,20 +13,8 @@ import argparse
 from . import __version__
 from .core import command
 from .delivery import container, images, pull, release, serve
-from .stages import (
-    benchmark,
-    bundle,
-    control,
-    engine_check,
-    export,
-    manifest,
-    model,
-    params,
-    patch_verify,
-    probe,
-    quantize,
-    select,
-)
+from .stages import (benchmark, bundle, control, engine_check, export, manifest, model, params, patch_verify, probe,
+                     quantize, select)
 
 _DESCRIPTION = """\
 edgepath builds, for every device of a fleet, the fastest faithful build of one

@@ -11,14 +11,8 @@ from edgepath.core import records
 from edgepath.core.errors import EdgepathError
 from edgepath.formats.cpu_int4_format import CpuInt4
 from edgepath.formats.gptq_format import GptqV1Int4
-from edgepath.quant.gptq import (
-    MINMAX,
-    SEARCHES,
-    HessianAccumulator,
-    group_aware_order,
-    quantize_layer,
-    representable_scales,
-)
+from edgepath.quant.gptq import (MINMAX, SEARCHES, HessianAccumulator, group_aware_order, quantize_layer,
+                                 representable_scales)
 from edgepath.stages import quantize
 from edgepath.text import calibration
 

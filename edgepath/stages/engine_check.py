@@ -47,15 +47,8 @@ from ..core.errors import EdgepathError
 from ..rules import coverage
 from ..rules.fleet import Calibration
 from ..rules.weight_paths import vllm_kernel
-from ..scoring.agreement import (
-    TOP1,
-    agreement,
-    agreement_by_genre,
-    all_windows,
-    comparison,
-    greedy_summary,
-    top1_against,
-)
+from ..scoring.agreement import (TOP1, agreement, agreement_by_genre, all_windows, comparison, greedy_summary,
+                                 top1_against)
 
 CHECK_NAME = records.FILE_NAMES["engine_check"]
 # Teacher-forced text: 2 windows of 96 held-out tokens per genre, 960 tokens (950 scored
