@@ -1,8 +1,8 @@
 """edgepath: one language model, a fleet of devices, the fastest faithful build for each.
 
 The package is layered; a module imports only from its own layer and those below
-(``.importlinter`` states the contract, ``tests/test_layers.py`` checks it), top
-to bottom:
+(pyproject.toml's ``[tool.importlinter]`` states the contracts, ``tests/test_layers.py``
+checks them), top to bottom:
 
 - ``cli``: composes every command under ``edgepath <name>``;
 - ``delivery``: what users do with a build: pull, release, serve, images, containers;
