@@ -1,24 +1,22 @@
-"""Benchmark: every build against its controls, outside DVC, and where a decode step's time goes.
+"""Benchmark: where a batch-1 decode step's time goes in vLLM, for the host's build and bf16.
 
-    .venv/bin/python benchmarks/builds.py                    # all parts (~25 min on 2 cores)
-    .venv/bin/python benchmarks/builds.py --only compare     # one part: compare | breakdown
+    .venv/bin/python -m benchmarks.builds                    # ~10 min on 2 cores
 
-Parts:
+The PyTorch profiler over 128 decode steps of the host's build
+(``w4a16-tinygemm``) and of bf16 in vLLM (compiled; the prompt's prefill profiled
+alone and subtracted): self CPU time per step in the 4-bit or bf16 GEMMs of the
+layers, the output head, attention, the compiled graph's fused kernels, sampling,
+the other operators, and the time no operator accounts for (vLLM's per-step
+Python and scheduling).
 
-- ``compare``: the benchmark stage's own comparison (``edgepath.stages.benchmark.run``)
-  on the pipeline's outputs under ``build/``: every 4-bit build that runs here
-  against vLLM bf16 and llama.cpp (Q4_K_M, Q4_0, F16), interleaved, with
-  fidelity against bf16.
-- ``breakdown``: the PyTorch profiler over 128 decode steps of the host's
-  build (``w4a16-tinygemm``) and of bf16 in vLLM (compiled; the prompt's
-  prefill profiled alone and subtracted): self CPU time per step in the 4-bit
-  or bf16 GEMMs of the layers, the output head, attention, the compiled
-  graph's fused kernels, sampling, the other operators, and the time no
-  operator accounts for (vLLM's per-step Python and scheduling).
+Its record once held a second part, ``compare``: the benchmark stage's own
+comparison run outside DVC. That question is the benchmark stage's (``dvc repro
+benchmark``); the record of 2026-12-03 keeps that part (``parts.compare``), whose
+figures the registry reads for the AVX2 tier (``rules.measurements``).
 
 Needs ``build/`` from ``scripts/run.sh`` (model, weights, verify, control).
-Results: ``benchmarks/results/builds.{json,md}``, with the host's load.
-"""
+Results: ``edgepath/rules/measured/builds.json`` and ``benchmarks/results/builds.md``,
+with the host's load."""
 
 from __future__ import annotations
 
@@ -27,25 +25,13 @@ import json
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-PARTS = ("compare", "breakdown")
+from edgepath.rules.measurements import MEASURED
+
+from .common import RESULTS, ROOT, host, load, today, write_json
+
 DECODE_STEPS = 128
-
-
-def compare() -> dict:
-    from edgepath.rules import fleet
-    from edgepath.stages import benchmark, probe
-
-    params = ROOT / "params.yaml"
-    settings = benchmark.Settings.from_params(fleet.namespace(params, "benchmark"))
-    calibration = fleet.calibration(params)
-    with tempfile.TemporaryDirectory(prefix="edgepath-builds-") as out:
-        return benchmark.run(fleet.namespace(params, "quantize")["paths"], ROOT / "build/model/model.json",
-                             ROOT / "build/weights", ROOT / "build/verify", ROOT / "build/control",
-                             Path(out) / "benchmark", probe.probe(), settings, calibration.corpus, calibration.holdout)
 
 
 def _category(op: dict, vocab: int) -> str:
@@ -102,7 +88,7 @@ def breakdown() -> dict:
     threads = os.cpu_count() or 1
     out = {}
     with tempfile.TemporaryDirectory(prefix="edgepath-breakdown-") as work:
-        peaks = benchmark._PeakRss()
+        peaks = benchmark.PeakRss()
         for i, arm in enumerate(arms):
             w = benchmark.Worker(arm, Path(work) / f"cache-{i}", threads, Path(work) / f"{i}.log", peaks)
             try:
@@ -137,8 +123,10 @@ def _control_increase(control: dict | None) -> str:
 
 
 def _markdown(record: dict) -> str:
+    on = (f"{record['host']['cpu_model']} ({record['host']['kernel_isa']}), {record['host']['cpus']} threads"
+          if "host" in record else f"{record['cpu']}, {record['threads']} threads")
     lines = ["# Builds against their controls (benchmarks/builds.py)", "",
-             f"Command: `{record['command']}`, {record['date']}, {record['cpu']}, {record['threads']} threads.", ""]
+             f"Command: `{record['command']}`, {record['date']}, {on}.", ""]
     if "compare" in record["parts"]:
         c = record["parts"]["compare"]["result"]
         lines += ["## Compare (the benchmark stage's run)", "",
@@ -205,29 +193,21 @@ def _markdown(record: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=PARTS, action="append", help="run these parts only")
-    parser.add_argument("--results", default=str(ROOT / "benchmarks" / "results"))
+    parser.add_argument("--results", default=str(RESULTS), help="where builds.md goes")
     args = parser.parse_args()
-    from edgepath.stages import probe
 
     for needed in ("build/weights/w4a16-tinygemm/config.json", "build/control/control.json", "build/verify"):
         if not (ROOT / needed).exists():
             raise SystemExit(f"{ROOT / needed} is missing: run scripts/run.sh first")
-    results = Path(args.results)
-    previous = json.loads((results / "builds.json").read_text()) if (results / "builds.json").is_file() else {}
-    record = {"command": "python benchmarks/builds.py" + "".join(f" --only {p}" for p in args.only or []),
-              "date": time.strftime("%Y-%m-%d"), "cpu": probe.probe().cpu_model, "threads": os.cpu_count(),
+    record_path = MEASURED / "builds.json"
+    previous = json.loads(record_path.read_text()) if record_path.is_file() else {}
+    record = {"command": "python -m benchmarks.builds", "date": today(), "host": host(),
               "parts": previous.get("parts", {})}
-    for part in args.only or PARTS:
-        if part == "compare" and "compare" in record["parts"]:  # kept: does the new run reproduce it?
-            record["parts"]["compare_previous"] = record["parts"]["compare"]
-        before = [round(x, 2) for x in os.getloadavg()]
-        result = compare() if part == "compare" else breakdown()
-        record["parts"][part] = {"result": result, "date": record["date"], "load_before": before,
-                                 "load_after": [round(x, 2) for x in os.getloadavg()]}
-        results.mkdir(parents=True, exist_ok=True)  # after every part: a later failure keeps the earlier ones
-        (results / "builds.json").write_text(json.dumps(record, indent=2) + "\n")
-        (results / "builds.md").write_text(_markdown(record))
+    before = load()
+    record["parts"]["breakdown"] = {"result": breakdown(), "date": record["date"], "load_before": before,
+                                    "load_after": load()}
+    write_json(record_path, record)
+    (Path(args.results) / "builds.md").write_text(_markdown(record))
     sys.stdout.write(_markdown(record))
 
 

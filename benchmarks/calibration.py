@@ -1,7 +1,7 @@
 """Benchmark: which calibration and GPTQ settings generalize, per held-out genre.
 
-    .venv/bin/python benchmarks/calibration.py                  # every variant, ~1.5 h on 2 cores
-    .venv/bin/python benchmarks/calibration.py --only mix-sym     # some of them
+    .venv/bin/python -m benchmarks.calibration                  # every variant, ~1.5 h on 2 cores
+    .venv/bin/python -m benchmarks.calibration --only mix-sym     # some of them
 
 Every arm is scored on the same token ids: ``calibration.held_out_genres``'
 windows of each genre of the multi-genre corpus (documents no variant calibrates
@@ -15,7 +15,7 @@ Q4_K_M's. The GPTQ variants run the quantize stage's own code
 on a fresh copy of the model; fidelity does not depend on load, so the figures
 hold whatever else the machine does (the times do not). A variant marked ``gguf``
 is scored as llama.cpp runs it instead: its weights written as Q4_0 blocks
-(``engines.gguf_gptq``), with llama.cpp's top-1 agreement with PyTorch on them.
+(``paths.gguf``, ``formats.gguf_file``), with llama.cpp's top-1 agreement with PyTorch on them.
 
 What the PyTorch figures leave out: vLLM's W4A8 kernel quantizes activations to
 int8 per token, which the quantize stage's engine check and the benchmark stage
@@ -39,8 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from .common import ROOT
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +59,7 @@ class Variant:
     group: int | None = None
     """None: the path's rule (64 on SmolLM2's 576-wide rows)."""
     gguf: bool = False
-    """Written as a GGUF of Q4_0 blocks (``engines.gguf_gptq``, the embedding Q8_0) and
+    """Written as a GGUF of Q4_0 blocks (``paths.gguf``, ``formats.gguf_file``, the embedding Q8_0) and
     scored through llama.cpp, like the control; needs the symmetric grid at group 32. Every
     decoder matrix is Q4_0 here: which ones the quantize stage keeps at Q8_0 was measured
     on top of this by benchmarks/gguf_mix.py."""
@@ -163,7 +162,8 @@ def _scored_by_llama_cpp(path: Path, held_out, threads: int) -> dict:
 
 def _llama_cpp(hf_dir: Path, held_out, work: Path, threads: int) -> dict[str, dict]:
     """Q4_0 and Q4_K_M made and scored by llama.cpp; their bits per weight as llama.cpp counts."""
-    from edgepath.engines.llama_cpp import convert_to_gguf, quantize_gguf
+    from edgepath.engines.llama_cpp import quantize_gguf
+    from edgepath.formats.gguf_file import convert_to_gguf
 
     f16 = work / "model-f16.gguf"
     if not f16.is_file():
@@ -184,13 +184,14 @@ def _as_gguf(model, hf: Path, held_out, work: Path, threads: int) -> dict:
     the same weights (the path's check)."""
     import shutil
 
-    from edgepath.engines import gguf_gptq
+    from edgepath.formats import gguf_file
+    from edgepath.paths import gguf as gguf_path
 
     shutil.rmtree(work / "gptq-hf", ignore_errors=True)
     path = work / "gptq-q4_0.gguf"
-    gguf_gptq.write(gguf_gptq.save_dequantized(model, hf, work / "gptq-hf"), path, gguf_gptq.TensorPolicy())
+    gguf_file.write(gguf_file.save_dequantized(model, hf, work / "gptq-hf"), path, gguf_path.TensorPolicy().type_of)
     arm = _scored_by_llama_cpp(path, held_out, threads)
-    overall, _ = gguf_gptq.top1_agreement(arm.pop("top1"), model, {g: w.tolist() for g, w in held_out.items()})
+    overall, _ = gguf_path.top1_agreement(arm.pop("top1"), model, {g: w.tolist() for g, w in held_out.items()})
     arm["top1_vs_pytorch"] = round(overall, 4)
     return arm
 
@@ -247,7 +248,7 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from edgepath.engines import gguf_gptq
+    from edgepath.paths import gguf as gguf_path
     from edgepath.quant.gptq import grid
     from edgepath.quant.sequential import quantize_model
     from edgepath.rules import shapes, weight_paths
@@ -293,7 +294,7 @@ def main() -> None:
             search = dataclasses.replace(search, signed=v.signed)
         if v.gguf:
             assert v.symmetric and group == 32, f"{name}: Q4_0 is the symmetric grid at group 32"
-            gguf_gptq.TensorPolicy().round_to_stored(model)  # the embedding as the file stores it
+            gguf_path.TensorPolicy().round_to_stored(model)  # the embedding as the file stores it
         kept = [f"model.layers.{i}.{n}" for i in range(len(model.model.layers)) for n in v.bf16]
         with _groups_shifted(v.shift) if v.shift else contextlib.nullcontext():
             quantized = quantize_model(model, calib.tokens, group, search, v.damp, True,

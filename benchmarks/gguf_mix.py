@@ -1,11 +1,11 @@
 """Benchmark: which decoder matrices a GPTQ Q4_0 GGUF should keep at Q8_0, per held-out genre.
 
-    .venv/bin/python benchmarks/gguf_mix.py --gguf build/weights/q4_0-gguf/model.gguf \\
+    .venv/bin/python -m benchmarks.gguf_mix --gguf build/weights/q4_0-gguf/model.gguf \\
         --control build/control                              # ~20 min on 2 cores
 
 A screen, not a build: one GPTQ run's weights (the q4_0-gguf build at ``--gguf``,
-read back by ``gguf_gptq.read_back``) with each candidate's matrices swapped back
-to the model's own weights and written through ``gguf_gptq.write`` with that
+read back by ``gguf_file.read_back``) with each candidate's matrices swapped back
+to the model's own weights and written through ``gguf_file.write`` with that
 candidate's ``TensorPolicy`` (those matrices rounded to Q8_0), then scored by
 llama.cpp on ``calibration.held_out_genres``' windows beside the control's Q4_0 and
 Q4_K_M (``--control``: the control stage's directory), each against the bf16
@@ -27,8 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from .common import ROOT
 
 # name -> (matrices at Q8_0, in which layers); "q4_0" is the build as written.
 CANDIDATES = {
@@ -57,7 +56,8 @@ def main() -> None:
     from calibration import _row, _scored_by_llama_cpp, print_table
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from edgepath.engines import gguf_gptq
+    from edgepath.formats import gguf_file
+    from edgepath.paths import gguf as gguf_path
     from edgepath.scoring.evaluate import perplexity
     from edgepath.stages.probe import probe
     from edgepath.text import calibration
@@ -69,7 +69,7 @@ def main() -> None:
     held_out = calibration.held_out_genres(tokenizer, calibration.load_corpus("mix", []), args.windows, args.length)
     base = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32, local_files_only=True).eval()
     reference = {genre: perplexity(base, windows) for genre, windows in held_out.items()}
-    gptq = gguf_gptq.read_back(args.gguf, hf)
+    gptq = gguf_file.read_back(args.gguf, hf)
     rows = [_row("bf16", reference, reference)]
     for ftype in ("q4_0", "q4_k_m"):
         arm = _scored_by_llama_cpp(Path(args.control) / f"model-{ftype}.gguf", held_out, threads)
@@ -77,14 +77,14 @@ def main() -> None:
                          bits_per_weight=round(arm["bits_per_weight"], 3)))
     for i, name in enumerate(args.only or CANDIDATES):
         matrices, layers = CANDIDATES[name]
-        policy = gguf_gptq.TensorPolicy(q8_0=matrices, q8_0_layers=layers)
+        policy = gguf_path.TensorPolicy(q8_0=matrices, q8_0_layers=layers)
         model = copy.deepcopy(gptq)
         with torch.no_grad():
             for prefix in policy.kept_from_gptq(model.config.num_hidden_layers):
                 model.get_submodule(prefix).weight.copy_(base.get_submodule(prefix).weight)
         with tempfile.TemporaryDirectory(prefix="gguf-mix-") as work:
             path = Path(work) / "mix.gguf"
-            counts = gguf_gptq.write(gguf_gptq.save_dequantized(model, hf, Path(work) / "hf"), path, policy)
+            counts = gguf_file.write(gguf_file.save_dequantized(model, hf, Path(work) / "hf"), path, policy.type_of)
             arm = _scored_by_llama_cpp(path, held_out, threads)
         rows.append(_row(f"gptq {name}", arm["perplexity"], reference, bits_per_weight=round(arm["bits_per_weight"], 3),
                          q8_0=list(matrices), q8_0_layers=layers, tensor_types=counts))

@@ -1,6 +1,6 @@
 """Benchmark: what the phone export's calibration guards against, on the default model.
 
-    .venv/bin/python benchmarks/phone_calibration.py        # ~15 min on 2 cores
+    .venv/bin/python -m benchmarks.phone_calibration        # ~15 min on 2 cores
 
 The same QNN program (``edgepath.phone.qnn_w8a16``: the model traced at the export's
 window, annotated by ExecuTorch's ``QnnQuantizer`` for the SoC, calibrated, converted)
@@ -29,11 +29,10 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from edgepath.core import records  # noqa: E402
+from edgepath.core import records
 from edgepath.stages import export
+
+from .common import ROOT
 
 
 def main() -> None:
@@ -85,7 +84,7 @@ def main() -> None:
               "soc": s.soc, "window": s.window, "held_out": {"documents": list(settings.holdout),
                                                               "windows": s.parity_windows, "length": s.window},
               "calibration": real.record,
-              "versions": export._versions(), "variants": rows}
+              "versions": records.versions("torch", "transformers", "executorch", "torchao"), "variants": rows}
     (results / "phone.json").write_text(json.dumps(record, indent=2) + "\n")
     with open(results / "phone.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=["variant", "top1_agreement", "kl_nats", "logit_sqnr_db"])

@@ -1,6 +1,6 @@
 """Benchmark: the XNNPACK phone build, side by side: fidelity against fp32 and speed.
 
-    .venv/bin/python benchmarks/phone_xnnpack.py --pte build/exports/w4a8-xnnpack/model.pte \
+    .venv/bin/python -m benchmarks.phone_xnnpack --pte build/exports/w4a8-xnnpack/model.pte \
         --pte build/exports/w8a8-xnnpack/model.pte [--baseline-pte OLD.pte] [--parts]
 
 Each ``.pte`` (named by its directory: the export path) runs in ExecuTorch's runtime
@@ -19,7 +19,8 @@ With ``--parts``, where the fidelity goes: the fp32 model with one part quantize
 alone by round-to-nearest (torchao's configs, as the export would without GPTQ), in
 eager PyTorch, against fp32 on the same windows.
 
-Results: benchmarks/results/phone_xnnpack.json and .csv (``dvc plots show``); the table goes
+Results: edgepath/rules/measured/phone_xnnpack.json (the registry reads the programs' figures from it)
+and benchmarks/results/phone_xnnpack.csv (``dvc plots show``); the table goes
 to stdout.
 """
 
@@ -31,13 +32,13 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from edgepath.core import records  # noqa: E402
-from edgepath.rules.weight_paths import XNNPACK_GROUP_SIZE  # noqa: E402
-from edgepath.scoring.stats import spread  # noqa: E402
+from edgepath.core import records
+from edgepath.rules.measurements import MEASURED
+from edgepath.rules.weight_paths import XNNPACK_GROUP_SIZE
+from edgepath.scoring.stats import spread
 from edgepath.stages import export
+
+from .common import ROOT
 
 CHECK_TOKENS = 256
 DECODE_TOKENS = 64
@@ -165,8 +166,9 @@ def main() -> None:
     record = {"command": command, "date": time.strftime("%Y-%m-%d"), "host": probe().summary(),
               "threads": x.threads, "held_out": {"genres": sorted(genres), "tokens_per_genre": CHECK_TOKENS},
               "decode_tokens": DECODE_TOKENS, "prefill_tokens": PREFILL_TOKENS, "rounds": ROUNDS,
-              "versions": export._versions(), "programs": results, "parts_against_fp32": rows}
-    (Path(args.results) / "phone_xnnpack.json").write_text(json.dumps(record, indent=2) + "\n")
+              "versions": records.versions("torch", "transformers", "executorch", "torchao"), "programs": results,
+              "parts_against_fp32": rows}
+    (MEASURED / "phone_xnnpack.json").write_text(json.dumps(record, indent=2) + "\n")
     csv = ["program,top1_vs_fp32,worst_genre_top1,decode_tok_s,prefill_tok_s"]
     for name, r in results.items():
         fidelity = r["fidelity_against_fp32"]

@@ -1,7 +1,7 @@
 """Benchmark: the measurements behind the vLLM plugin's defaults, on the default model.
 
-    .venv/bin/python benchmarks/plugin.py                 # all parts, ~25 min on 2 cores
-    .venv/bin/python benchmarks/plugin.py --only gemm     # one part: gemm | head-gate | starts | engines
+    .venv/bin/python -m benchmarks.plugin                 # all parts, ~25 min on 2 cores
+    .venv/bin/python -m benchmarks.plugin --only gemm     # one part: gemm | head-gate | starts | engines
 
 Parts, each interleaved (A B A B ...) with medians and min-max:
 
@@ -35,7 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from .common import ROOT
+
 PARTS = ("gemm", "head-gate", "starts", "engines")
 # SmolLM2-135M's quantized layers as vLLM runs them: qkv, o, gate/up, down, head.
 LAYERS = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "lm_head": (49152, 576)}

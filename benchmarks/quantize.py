@@ -1,6 +1,6 @@
 """Benchmark: how faithful each 4-bit quantizer variant is, on the default model.
 
-    .venv/bin/python benchmarks/quantize.py            # ~25 min on 2 cores
+    .venv/bin/python -m benchmarks.quantize            # ~25 min on 2 cores
 
 For bf16 and each variant (plain symmetric GPTQ, GPTQ + weight-MSE scale
 search, GPTQ + output-error scale search with a 4-bit and with a bf16 head), it
@@ -24,7 +24,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from .common import ROOT
+
 VARIANTS = (  # name, search, head
     ("gptq-plain", "none", "int4"),
     ("gptq-weight-mse", "weight-mse", "int4"),

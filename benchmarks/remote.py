@@ -1,7 +1,7 @@
 """Benchmark: push and pull throughput of the default model's builds, against the
 default directory remote and a real S3 server (SeaweedFS on loopback).
 
-    .venv/bin/python benchmarks/remote.py --project DIR     # ~3 min on 2 cores
+    .venv/bin/python -m benchmarks.remote --project DIR     # ~3 min on 2 cores
 
 ``DIR`` is a project after `dvc repro` (``scripts/run.sh``), with its `.dvc/cache`.
 Each round, for each remote in turn (interleaved, directory then S3):
@@ -29,12 +29,11 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from edgepath.core import records  # noqa: E402
+from edgepath.core import records
 from edgepath.delivery import pull
-from tests.s3server import SeaweedS3  # noqa: E402
+from tests.s3server import SeaweedS3
+
+from .common import ROOT
 
 
 def _run(cmd: list[str], cwd: Path, env: dict[str, str]) -> None:

@@ -1,6 +1,6 @@
 """Benchmark: serving throughput, vLLM's OpenAI server against llama.cpp's ``llama-server``.
 
-    .venv/bin/python benchmarks/serving.py --weights build/weights --model build/model/hf \\
+    .venv/bin/python -m benchmarks.serving --weights build/weights --model build/model/hf \\
         --control build/control                                     # ~20 min on 2 cores
 
 Every arm is the server ``edgepath serve`` starts for its build
@@ -12,21 +12,20 @@ measured, with continuous batching, and all servers stay up, so the arms
 interleave: every round runs each concurrency level (1, 4, 16 streams by default)
 on each arm in turn, the other servers stopped (SIGSTOP) meanwhile.
 
-A level of C streams is C HTTP clients (threads) sending at once one streamed
-``/v1/completions`` request each: a prompt of ``--prompt-tokens`` token ids of
-held-out text (the same prompts for every arm; a different prompt per stream and
-round, so no prefix cache answers), ``--new-tokens`` tokens, end of sequence
-ignored. Measured per arm and level:
+A level of C streams is vLLM's serving benchmark (``vllm bench serve``, run in
+this process: ``vllm.benchmarks.serve``) against the server's OpenAI
+``/v1/completions`` API, C requests at once (``--max-concurrency``): prompts of
+``--prompt-tokens`` random token ids (vLLM's ``random`` dataset, the same seed for
+every arm and a new one per round and level, so no prefix cache answers),
+``--new-tokens`` tokens each, end of sequence ignored. Measured per arm and level:
 
-- aggregate decode tokens/s: every stream's generated tokens over the wall time
-  from the first request sent to the last answer finished (median over rounds);
-- time to first token: from sending a request to its first streamed token, p50
-  and p95 over every request of every round;
+- aggregate decode tokens/s: the benchmark's output throughput (median over rounds);
+- time to first token, p50 and p95 (the median over rounds of each round's);
 - the scaling: the aggregate at C streams over the same arm's at one stream;
-- at one stream, batch 1: decode tokens/s after the first token ((tokens - 1) over the
-  time from the first token to the end) and prefill tokens/s (prompt over the time to
-  first token), and the decode's share of the host's memory read bandwidth
-  (``benchmark.read_bandwidth``): the bytes a step reads (``benchmark.stored_bytes``;
+- at one stream, batch 1: decode tokens/s (one over the median time per output token
+  after the first) and prefill tokens/s (the prompt over the median time to first
+  token), and the decode's share of the host's memory read bandwidth
+  (``benchmark.read_bandwidth``): the bytes a step reads (``hf_model.stored_bytes``;
   a GGUF's whole file) times decode tokens/s.
 
 Ratios are against ``llama-server`` on the control's Q4_K_M at the same level.
@@ -37,25 +36,25 @@ Results: ``benchmarks/results/serving.{json,md,csv}`` (the CSV is drawn by
 from __future__ import annotations
 
 import argparse
-import http.client
+import contextlib
 import json
 import os
 import statistics
 import sys
-import threading
 import time
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 from edgepath.core import atomic
-from edgepath.core.errors import EdgepathError  # noqa: E402
-from edgepath.delivery.serve import Server, free_port, server_command, why_not_servable_here  # noqa: E402
-from edgepath.rules import weight_paths  # noqa: E402
-from edgepath.stages.benchmark import alone, read_bandwidth, stored_bytes  # noqa: E402
+from edgepath.core.errors import EdgepathError
+from edgepath.delivery.serve import Server, free_port, server_command
+from edgepath.formats.hf_model import stored_bytes
+from edgepath.paths.vllm_checkpoint import why_not_runnable_here
+from edgepath.rules import weight_paths
+from edgepath.stages.benchmark import alone, read_bandwidth
+from edgepath.stages.probe import probe
+
+from .common import ROOT
 
 LEVELS = (1, 4, 16)
 CONTROL_FILES = {"llama-server Q4_K_M": "model-q4_k_m.gguf", "llama-server Q4_0": "model-q4_0.gguf"}
@@ -68,7 +67,7 @@ def arms(weights: Path, model: Path, control: Path) -> list[tuple[str, weight_pa
     for name in ("w4a8-gptq", "w4a16-tinygemm"):
         spec = weight_paths.get(name)
         if (weights / name / "config.json").is_file():
-            why = why_not_servable_here(spec)
+            why = why_not_runnable_here(spec.quantization, spec.w4a8, probe())
             if why:
                 print(f"serving: {name} not measured: {why}", file=sys.stderr)
             else:
@@ -81,80 +80,29 @@ def arms(weights: Path, model: Path, control: Path) -> list[tuple[str, weight_pa
     return found
 
 
-def stream(url: str, model: str, prompt: list[int], new_tokens: int) -> dict[str, float]:
-    """One streamed completion: seconds to its first token and to its end, and the
-    tokens the server says it generated."""
-    host, port = url.removeprefix("http://").split(":")
-    body = {"model": model, "prompt": prompt, "max_tokens": new_tokens, "temperature": 0, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}}
-    connection = http.client.HTTPConnection(host, int(port), timeout=600)
-    started = time.perf_counter()
-    connection.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
-    reply = connection.getresponse()
-    if reply.status != 200:
-        raise EdgepathError(f"{url}: {reply.status} {reply.read().decode(errors='replace')[:500]}")
-    first, tokens = None, None
-    for line in reply:
-        line = line.strip()
-        if not line.startswith(b"data: ") or line == b"data: [DONE]":
-            continue
-        chunk = json.loads(line[6:])
-        if first is None and any(c.get("text") for c in chunk.get("choices", ())):
-            first = time.perf_counter() - started
-        if chunk.get("usage"):
-            tokens = chunk["usage"]["completion_tokens"]
-    connection.close()
-    if first is None or tokens is None:
-        raise EdgepathError(f"{url}: a streamed answer without text or without usage")
-    return {"ttft_s": first, "end_s": time.perf_counter() - started, "tokens": tokens}
+def level(url: str, model: str, tokenizer: Path, streams: int, prompt_tokens: int, new_tokens: int,
+          seed: int) -> dict[str, float]:
+    """``streams`` requests at once through vLLM's serving benchmark against the server at
+    ``url`` (module docstring); refused unless every request generated ``new_tokens``."""
+    from vllm.benchmarks.serve import add_cli_args
+    from vllm.benchmarks.serve import main as bench_serve
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-
-def level(url: str, model: str, prompts: list[list[int]], new_tokens: int) -> dict[str, Any]:
-    """All ``prompts`` sent at once, one client thread each."""
-    results: list[dict[str, float] | BaseException] = [None] * len(prompts)
-
-    def one(i: int) -> None:
-        try:
-            results[i] = stream(url, model, prompts[i], new_tokens)
-        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
-            results[i] = e
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
-    started = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - started
-    for r in results:
-        if isinstance(r, BaseException):
-            raise r
-    tokens = sum(r["tokens"] for r in results)
-    if tokens != new_tokens * len(prompts):
-        raise EdgepathError(f"{url}: {tokens} tokens generated, not {new_tokens} per stream (end of sequence "
-                            f"not ignored?)")
-    return {"tok_s": tokens / wall, "ttft_s": [r["ttft_s"] for r in results],
-            "decode_tok_s": [(r["tokens"] - 1) / (r["end_s"] - r["ttft_s"]) for r in results]}
-
-
-def held_out_prompts(model: Path, count: int, tokens: int) -> list[list[int]]:
-    """``count`` prompts of ``tokens`` token ids each: the held-out windows every
-    benchmark scores (``calibration.held_out_genres``), the genres taken in turn."""
-    from transformers import AutoTokenizer
-
-    from edgepath.rules import fleet
-    from edgepath.text import calibration
-
-    tokenizer = AutoTokenizer.from_pretrained(model, local_files_only=True)
-    text = fleet.calibration(str(ROOT / "params.yaml"))
-    sets = calibration.held_out_genres(tokenizer, calibration.load_corpus(text.corpus, list(text.holdout)),
-                                       count, tokens)
-    return [window for row in zip(*(s.tolist() for s in sets.values())) for window in row][:count]
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+    parser = FlexibleArgumentParser()
+    add_cli_args(parser)
+    args = parser.parse_args([
+        "--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions", "--model", model,
+        "--tokenizer", str(tokenizer), "--dataset-name", "random", "--random-input-len", str(prompt_tokens),
+        "--random-output-len", str(new_tokens), "--random-range-ratio", "0", "--num-prompts", str(streams),
+        "--max-concurrency", str(streams), "--ignore-eos", "--percentile-metrics", "ttft,tpot",
+        "--metric-percentiles", "50,95", "--seed", str(seed), "--disable-tqdm"])
+    with contextlib.redirect_stdout(sys.stderr):  # its report, beside the progress lines
+        result = bench_serve(args)
+    if result["completed"] != streams or result["total_output_tokens"] != streams * new_tokens:
+        raise EdgepathError(f"{url}: {result['completed']} of {streams} requests completed, "
+                            f"{result['total_output_tokens']} tokens, not {new_tokens} per request")
+    return {"tok_s": float(result["output_throughput"]), "ttft_p50_ms": float(result["p50_ttft_ms"]),
+            "ttft_p95_ms": float(result["p95_ttft_ms"]), "tpot_p50_ms": float(result["p50_tpot_ms"])}
 
 
 def main() -> None:
@@ -170,13 +118,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "serving.json")
     args = parser.parse_args()
 
-    from edgepath.stages.probe import probe
-
     host = probe().summary()
     parallel, context = max(args.levels), args.prompt_tokens + args.new_tokens + 16
-    # one more prompt than measured, for the warm-up: a prompt sent twice is answered from
-    # the servers' prompt caches
-    *prompts, warm_up = held_out_prompts(args.model, args.rounds * sum(args.levels) + 1, args.prompt_tokens)
     args.logs.mkdir(parents=True, exist_ok=True)
     measured = arms(args.weights, args.model, args.control)
     servers: dict[str, Server] = {}
@@ -189,30 +132,31 @@ def main() -> None:
             started = time.perf_counter()
             servers[name] = stack.enter_context(Server(argv, env, port, args.logs / f"{name.replace(' ', '-')}.log"))
             print(f"serving: {name} up in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
-        samples = {name: {c: {"tok_s": [], "ttft_s": [], "decode_tok_s": []} for c in args.levels}
-                   for name, _, _ in measured}
+        samples: dict[str, dict[int, list[dict[str, float]]]] = {name: {c: [] for c in args.levels}
+                                                                  for name, _, _ in measured}
         for name, server in servers.items():  # warm-up: one request per arm, not measured
-            level(server.url, name, [warm_up], 8)
-        used = 0
+            level(server.url, name, args.model, 1, args.prompt_tokens, 8, seed=0)
         for r in range(args.rounds):
             for c in args.levels:
-                batch, used = prompts[used:used + c], used + c
+                seed = 1 + r * len(args.levels) + args.levels.index(c)  # the same prompts for every arm
                 for name, server in servers.items():
                     with alone(server, servers.values()):
-                        got = level(server.url, name, batch, args.new_tokens)
-                    samples[name][c]["tok_s"].append(got["tok_s"])
-                    samples[name][c]["ttft_s"] += got["ttft_s"]
-                    samples[name][c]["decode_tok_s"] += got["decode_tok_s"]
+                        got = level(server.url, name, args.model, c, args.prompt_tokens, args.new_tokens, seed)
+                    samples[name][c].append(got)
                     print(f"serving: round {r + 1}/{args.rounds}, {c} streams, {name}: {got['tok_s']:.1f} tok/s",
                           file=sys.stderr, flush=True)
+
+    def median(name: str, c: int, key: str) -> float:
+        return statistics.median(s[key] for s in samples[name][c])
 
     rows = []
     for name, by_level in samples.items():
         for c, s in by_level.items():
-            rows.append({"arm": name, "streams": c, "tok_s": round(statistics.median(s["tok_s"]), 1),
-                         "tok_s_min": round(min(s["tok_s"]), 1), "tok_s_max": round(max(s["tok_s"]), 1),
-                         "ttft_p50_ms": round(1000 * _percentile(s["ttft_s"], 0.5), 1),
-                         "ttft_p95_ms": round(1000 * _percentile(s["ttft_s"], 0.95), 1)})
+            tok_s = [x["tok_s"] for x in s]
+            rows.append({"arm": name, "streams": c, "tok_s": round(statistics.median(tok_s), 1),
+                         "tok_s_min": round(min(tok_s), 1), "tok_s_max": round(max(tok_s), 1),
+                         "ttft_p50_ms": round(median(name, c, "ttft_p50_ms"), 1),
+                         "ttft_p95_ms": round(median(name, c, "ttft_p95_ms"), 1)})
     by = {(r["arm"], r["streams"]): r for r in rows}
     for r in rows:
         r["vs_q4_k_m"] = round(r["tok_s"] / by[(BASELINE, r["streams"])]["tok_s"], 2)
@@ -221,15 +165,14 @@ def main() -> None:
     batch1 = {}
     if 1 in args.levels:
         for name, _, location in measured:
-            decode = statistics.median(samples[name][1]["decode_tok_s"])
+            decode = 1000 / median(name, 1, "tpot_p50_ms")
             step_bytes = location.stat().st_size if location.is_file() else stored_bytes(location)[1]
             batch1[name] = {"decode_tok_s": round(decode, 1),
-                            "prefill_tok_s": round(args.prompt_tokens / statistics.median(samples[name][1]["ttft_s"]),
-                                                   1),
+                            "prefill_tok_s": round(1000 * args.prompt_tokens / median(name, 1, "ttft_p50_ms"), 1),
                             "step_bytes": step_bytes, "bandwidth_share": round(step_bytes * decode / bandwidth, 3)}
         for b in batch1.values():
             b["decode_vs_q4_k_m"] = round(b["decode_tok_s"] / batch1[BASELINE]["decode_tok_s"], 2)
-    record = {"command": "python benchmarks/serving.py " + " ".join(sys.argv[1:]), "date": time.strftime("%Y-%m-%d"),
+    record = {"command": "python -m benchmarks.serving " + " ".join(sys.argv[1:]), "date": time.strftime("%Y-%m-%d"),
               "host": host, "bandwidth_gb_s": round(bandwidth / 1e9, 1),
               "settings": {"levels": args.levels, "rounds": args.rounds, "prompt_tokens": args.prompt_tokens,
                            "new_tokens": args.new_tokens, "slots": parallel, "context": context},
@@ -254,8 +197,9 @@ def main() -> None:
         f"# Serving throughput: vLLM's server against llama-server ({record['date']})", "",
         f"Command: `{record['command']}`", "",
         f"Host: {host['cpu_model']}, kernel ISA tier `{host['kernel_isa']}`, {host['n_logical']} logical cores; "
-        f"memory read bandwidth {record['bandwidth_gb_s']} GB/s. {args.rounds} rounds, arms interleaved; prompts of "
-        f"{args.prompt_tokens} held-out tokens, {args.new_tokens} new tokens per stream, {parallel} slots per server.",
+        f"memory read bandwidth {record['bandwidth_gb_s']} GB/s. {args.rounds} rounds, arms interleaved, each level "
+        f"run by vLLM's serving benchmark; prompts of {args.prompt_tokens} random tokens, {args.new_tokens} new "
+        f"tokens per stream, {parallel} slots per server.",
         "", *table, ""]))
 
 

@@ -1,8 +1,8 @@
 """Benchmark input: the bandwidth-bound shape, a Llama with Llama-3.2-1B's shapes and
 random weights, and its builds made the cheap way.
 
-    .venv/bin/python benchmarks/shape_1b.py --out /tmp/shape-1b                      # ~10 min on 2 cores
-    .venv/bin/python benchmarks/serving.py --weights /tmp/shape-1b/weights --model /tmp/shape-1b/hf \\
+    .venv/bin/python -m benchmarks.shape_1b --out /tmp/shape-1b                      # ~10 min on 2 cores
+    .venv/bin/python -m benchmarks.serving --weights /tmp/shape-1b/weights --model /tmp/shape-1b/hf \\
         --control /tmp/shape-1b/control --out benchmarks/results/serving_1b.json     # the measurement
 
 At SmolLM2-135M's size a decode step reads ~100 MB and vLLM's fixed per-step cost
@@ -30,14 +30,12 @@ import argparse
 import json
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from edgepath.core.command import progress
 
-from edgepath.core.command import progress  # noqa: E402
+from .common import ROOT
 
 CONFIG = {  # Llama-3.2-1B's shapes (its config.json), random weights
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192,
@@ -95,7 +93,6 @@ def rounded_to_nearest(weight, group: int, symmetric: bool):
 
 def vllm_build(hf: Path, path: str, out: Path) -> None:
     """``out``: ``hf``'s decoder linears and head in ``path``'s checkpoint format."""
-    import torch
     from safetensors import safe_open
     from safetensors.torch import save_file
 
@@ -139,11 +136,12 @@ def vllm_build(hf: Path, path: str, out: Path) -> None:
 def control(hf: Path, out: Path) -> None:
     """``out``: llama.cpp's F16 conversion and its Q4_K_M and Q4_0, by its own tools."""
     from edgepath.engines import llama_cpp
+    from edgepath.formats import gguf_file
 
     scratch = out.with_name(out.name + ".partial")
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
-    llama_cpp.convert_to_gguf(hf, scratch / "model-f16.gguf")
+    gguf_file.convert_to_gguf(hf, scratch / "model-f16.gguf")
     for ftype, name in (("Q4_K_M", "model-q4_k_m.gguf"), ("Q4_0", "model-q4_0.gguf")):
         progress("shape_1b", f"llama.cpp {ftype}")
         llama_cpp.quantize_gguf(scratch / "model-f16.gguf", scratch / name, ftype, threads=os.cpu_count() or 1)

@@ -1,7 +1,7 @@
 """Benchmark: vLLM's per-step cost on the CPU, one configuration lever at a time.
 
-    .venv/bin/python benchmarks/step_cost.py                   # ~45 min on 2 cores, AVX2
-    .venv/bin/python benchmarks/step_cost.py --levers default eager nobind
+    .venv/bin/python -m benchmarks.step_cost                   # ~45 min on 2 cores, AVX2
+    .venv/bin/python -m benchmarks.step_cost --levers default eager nobind
 
 The breakdown (``benchmarks/builds.py --only breakdown``) splits a batch-1 decode
 step of the host's build in vLLM into the layers' GEMMs, attention, the compiled
@@ -40,17 +40,14 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from builds import DECODE_STEPS, step_breakdown  # noqa: E402
-from serving import held_out_prompts  # noqa: E402
-
 from edgepath.core import atomic
-from edgepath.engines.worker import EngineProcess, command  # noqa: E402
-from edgepath.rules import weight_paths  # noqa: E402
-from edgepath.scoring.stats import spread  # noqa: E402
-from edgepath.stages.benchmark import alone  # noqa: E402
+from edgepath.engines.worker import EngineProcess, command
+from edgepath.rules import weight_paths
+from edgepath.scoring.stats import spread
+from edgepath.stages.benchmark import alone
+
+from .builds import DECODE_STEPS, step_breakdown
+from .common import ROOT, held_out_prompts
 
 PROMPT_TOKENS = 128
 

@@ -31,7 +31,8 @@ import yaml
 from .conftest import ROOT
 
 PACKAGE = "edgepath"
-DATA_READ_BY = {"edgepath/core/records.py": ("edgepath/schemas",)}
+DATA_READ_BY = {"edgepath/core/records.py": ("edgepath/schemas",),
+                "edgepath/rules/measurements.py": ("edgepath/rules/measured",)}
 """Module -> data files or directories it reads at run time (results depend on them)."""
 _SCRIPT = re.compile(r"(?:^|\s)python3?\s+(\S+\.py)(?=\s|$)")
 

@@ -15,7 +15,8 @@ import torch
 
 from edgepath.core import records
 from edgepath.core.errors import EdgepathError
-from edgepath.engines import gguf_gptq
+from edgepath.formats import gguf_file
+from edgepath.paths import gguf as gguf_path
 from edgepath.formats.gguf_q4_0_format import BLOCK, GgufQ4_0
 from edgepath.quant.gptq import dequantize_codes, quantize_codes, representable_scales
 
@@ -38,21 +39,21 @@ def on_grid(default_model, tmp_path_factory):
     hf = default_model / "hf"
     work = tmp_path_factory.mktemp("gguf-gptq")
     model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
-    policy = gguf_gptq.DEFAULT_POLICY
+    policy = gguf_path.DEFAULT_POLICY
     policy.round_to_stored(model)
     kept = set(policy.kept_from_gptq(model.config.num_hidden_layers))
     with torch.no_grad():
         for name, linear in model.model.layers.named_modules(prefix="model.layers"):
             if isinstance(linear, torch.nn.Linear) and name not in kept:
                 linear.weight.copy_(_on_grid(linear.weight))
-    counts = gguf_gptq.write(gguf_gptq.save_dequantized(model, hf, work / "hf"), work / "model.gguf")
+    counts = gguf_file.write(gguf_file.save_dequantized(model, hf, work / "hf"), work / "model.gguf", policy.type_of)
     tokenizer = AutoTokenizer.from_pretrained(hf)
     windows = calibration.held_out_genres(tokenizer, calibration.load_corpus("mix", []), 1, 96)
     return model, work / "model.gguf", counts, {genre: w.tolist() for genre, w in windows.items()}
 
 
 def test_the_policy_types_every_tensor_and_refuses_what_it_does_not_know():
-    policy = gguf_gptq.TensorPolicy(q8_0=("attn_v", "ffn_down"), q8_0_layers="more-bits")
+    policy = gguf_path.TensorPolicy(q8_0=("attn_v", "ffn_down"), q8_0_layers="more-bits")
     assert policy.type_of("blk.0.attn_v.weight", (192, 576), 30) == "Q8_0"
     assert policy.type_of("blk.3.attn_v.weight", (192, 576), 30) == "Q4_0"  # not one of llama.cpp's more-bits
     assert policy.type_of("blk.0.attn_q.weight", (576, 576), 30) == "Q4_0"
@@ -64,25 +65,25 @@ def test_the_policy_types_every_tensor_and_refuses_what_it_does_not_know():
                                         "model.layers.3.self_attn.v_proj", "model.layers.3.mlp.down_proj",
                                         "model.layers.6.self_attn.v_proj", "model.layers.6.mlp.down_proj",
                                         "model.layers.7.self_attn.v_proj", "model.layers.7.mlp.down_proj"]
-    everywhere = gguf_gptq.TensorPolicy(q8_0=("attn_k",), q8_0_layers="all")
+    everywhere = gguf_path.TensorPolicy(q8_0=("attn_k",), q8_0_layers="all")
     assert len(everywhere.kept_from_gptq(30)) == 30
     for wrong in ({"q8_0": ("attn_z",)}, {"q8_0_layers": "some"}, {"embedding": "Q4_0"}):
         with pytest.raises(EdgepathError):
-            gguf_gptq.TensorPolicy(**wrong)
+            gguf_path.TensorPolicy(**wrong)
 
 
 def test_decoder_matrices_are_q4_0_but_the_policy_s_q8_0_and_the_tied_embedding_q8_0(on_grid):
     model, path, counts, _ = on_grid
-    kept = gguf_gptq.DEFAULT_POLICY.kept_from_gptq(model.config.num_hidden_layers)
+    kept = gguf_path.DEFAULT_POLICY.kept_from_gptq(model.config.num_hidden_layers)
     assert kept, "the default policy keeps some matrices at Q8_0"
     # 30 layers x 7 linears; 2 norms per layer and the final one
     assert counts == {"Q4_0": 210 - len(kept), "Q8_0": 1 + len(kept), "F32": 61}
-    gguf = gguf_gptq.gguf_module()
+    gguf = gguf_file.gguf_module()
     reader = gguf.GGUFReader(path)
     types = {t.name: t.tensor_type.name for t in reader.tensors}
     assert types["token_embd.weight"] == "Q8_0"
     for layer in range(model.config.num_hidden_layers):
-        for matrix, module in gguf_gptq.MATRICES.items():
+        for matrix, module in gguf_path.MATRICES.items():
             stored = "Q8_0" if f"model.layers.{layer}.{module}" in kept else "Q4_0"
             assert types[f"blk.{layer}.{matrix}.weight"] == stored
     assert reader.fields["general.file_type"].contents() == gguf.LlamaFileType.MOSTLY_Q4_0
@@ -92,7 +93,7 @@ def test_decoder_matrices_are_q4_0_but_the_policy_s_q8_0_and_the_tied_embedding_
 
 def test_reading_the_file_back_gives_every_weight_it_was_written_from(on_grid, default_model):
     reference, path, _, _ = on_grid
-    read = gguf_gptq.read_back(path, default_model / "hf")
+    read = gguf_file.read_back(path, default_model / "hf")
     written = dict(reference.named_parameters())
     for name, param in read.named_parameters():  # the query and key rows too, unpermuted
         assert torch.equal(param, written[name]), name
@@ -100,26 +101,26 @@ def test_reading_the_file_back_gives_every_weight_it_was_written_from(on_grid, d
 
 def test_llama_cpp_reproduces_pytorch_and_a_swapped_nibble_order_fails(on_grid, tmp_path):
     reference, path, _, windows = on_grid
-    check = gguf_gptq.check(path, reference, "the same weights in PyTorch", windows, threads=2)
+    check = gguf_path.check(path, reference, "the same weights in PyTorch", windows, threads=2)
     records.validate("gguf_check", check)
     assert check["passed"], check["against"]
     assert check["file"]["tensor_types"] == dict(sorted(on_grid[2].items()))
     assert set(check["against"]["reference"]["teacher_forced_top1_by_genre"]) == set(windows)
 
-    swapped = gguf_gptq.swap_nibbles(path, tmp_path / "swapped.gguf")
-    wrong, _ = gguf_gptq.agreement(swapped, reference, windows, threads=2)
+    swapped = gguf_file.swap_nibbles(path, tmp_path / "swapped.gguf")
+    wrong, _ = gguf_path.agreement(swapped, reference, windows, threads=2)
     assert wrong < 0.5, wrong
 
 
 def test_weights_off_the_grid_are_refused_with_the_tensor_named(default_model, tmp_path):
     hf = default_model / "hf"
     with pytest.raises(EdgepathError, match=r"blk\.\d+\.\w+\.weight: .* not on a 4-bit grid"):
-        gguf_gptq.write(hf, tmp_path / "model.gguf")
+        gguf_file.write(hf, tmp_path / "model.gguf", gguf_path.DEFAULT_POLICY.type_of)
     assert not list(tmp_path.iterdir()), "nothing half-written is left"
 
 
 def test_pack_and_from_values_agree_with_gguf_py():
-    gguf = gguf_gptq.gguf_module()
+    gguf = gguf_file.gguf_module()
     rng = np.random.default_rng(0)
     codes = rng.integers(0, 16, size=(8, 64))
     scales = rng.uniform(0.001, 0.1, size=(8, 2)).astype(np.float16).astype(np.float32)

@@ -9,6 +9,7 @@ import torch
 from edgepath.core import records
 from edgepath.core.errors import EdgepathError
 from edgepath.engines.llama_cpp import LlamaCpp
+from edgepath.engines.worker import Arm
 from edgepath.rules.fleet import Calibration
 from edgepath.stages import benchmark, control
 
@@ -106,8 +107,8 @@ def test_a_truncated_gguf_is_refused_clearly(tiny, tmp_path):
 
 def test_benchmark_worker_answers_over_its_pipe(tiny, tmp_path):
     _, _, out = tiny
-    arm = benchmark.Arm("llama.cpp Q4_0", "control", "llama.cpp", out / "model-q4_0.gguf")
-    peaks = benchmark._PeakRss()
+    arm = Arm("llama.cpp Q4_0", "control", "llama.cpp", out / "model-q4_0.gguf")
+    peaks = benchmark.PeakRss()
     peaks.start()
     worker = benchmark.Worker(arm, tmp_path / "cache", 2, tmp_path / "log", peaks)
     try:
@@ -131,8 +132,8 @@ def test_benchmark_worker_answers_over_its_pipe(tiny, tmp_path):
 
 
 def test_benchmark_worker_that_cannot_start_says_why(tmp_path):
-    arm = benchmark.Arm("llama.cpp Q4_0", "control", "llama.cpp", tmp_path / "missing.gguf")
-    peaks = benchmark._PeakRss()
+    arm = Arm("llama.cpp Q4_0", "control", "llama.cpp", tmp_path / "missing.gguf")
+    peaks = benchmark.PeakRss()
     with pytest.raises(EdgepathError, match=r"engine process exited[\s\S]*could not load"):
         benchmark.Worker(arm, tmp_path / "cache", 2, tmp_path / "log", peaks)
 

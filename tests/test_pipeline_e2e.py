@@ -9,7 +9,8 @@ import yaml
 
 from edgepath.core import records
 from edgepath.core.errors import EdgepathError
-from edgepath.engines import gguf_gptq
+from edgepath.formats import gguf_file
+from edgepath.paths import gguf as gguf_path
 from edgepath.rules import coverage, versions
 from edgepath.rules.profile import HardwareProfile
 from edgepath.rules.select import select_weight_path
@@ -81,7 +82,7 @@ def test_repro_writes_a_valid_manifest_naming_every_target(pipeline):
             assert check["kernel_op"] == "edgepath::int4_mm"
         elif t["path"]["name"] == "q4_0-gguf":  # llama.cpp against the weights it was written from
             assert check["engine"].startswith("llama-cpp-python") and check["kernel_op"] is None
-            assert check["top1_vs_dequantized"] >= gguf_gptq.AGREEMENT_PASS
+            assert check["top1_vs_dequantized"] >= gguf_path.AGREEMENT_PASS
             assert {a["name"] for a in t["artifacts"]} == {
                 "q4_0-gguf/model.gguf", "q4_0-gguf/quantization_report.json", "q4_0-gguf/gguf_check.json"}
     # patch-verify ran on this host, so it verifies the host and any target of its kernel ISA tier
@@ -119,12 +120,12 @@ def test_the_gguf_build_is_checked_in_llama_cpp_and_a_swapped_copy_fails(pipelin
     assert kept and not set(kept) & set(report["tensors"]) and check["file"]["tensor_types"]["Q8_0"] == len(kept) + 1
     assert 4.5 < report["bits_per_weight"] < 8.5
     # llama.cpp's own Q4_K_M gives attn_v Q6_K (Q8_0 on rows not a multiple of 256) in the layers
-    # gguf_gptq.more_bits_layer names
-    gguf = gguf_gptq.gguf_module()
+    # gguf_path.more_bits_layer names
+    gguf = gguf_file.gguf_module()
     q4_k_m = {t.name: t.tensor_type.name for t in gguf.GGUFReader(dest / "build/control/model-q4_k_m.gguf").tensors}
     layers = sum(name.endswith(".attn_v.weight") for name in q4_k_m)
     assert {i for i in range(layers) if q4_k_m[f"blk.{i}.attn_v.weight"] in ("Q6_K", "Q8_0")} == \
-        {i for i in range(layers) if gguf_gptq.more_bits_layer(i, layers)}
+        {i for i in range(layers) if gguf_path.more_bits_layer(i, layers)}
     assert check["file"]["sha256"] == hashlib.sha256((built / check["file"]["name"]).read_bytes()).hexdigest()
     verified = records.read(dest / "build/verify/q4_0-gguf.json", "patch_verify")
     assert verified["passed"] and verified["engine"] == "llama.cpp" and verified["patches"] == {}

@@ -230,7 +230,7 @@ def test_fidelity_is_per_genre_with_the_mean_and_the_worst_genre_as_headline():
 
 def test_engine_check_scores_every_genre_and_passes_on_all_their_positions():
     from edgepath.scoring import agreement
-    from edgepath.stages import engine_check
+    from edgepath.paths import vllm_checkpoint
 
     sequences = {"code": [[1, 2, 3, 4], [5, 6, 7, 8]], "prose": [[9, 10, 11, 12]]}
     assert agreement.all_windows(sequences) == [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]]
@@ -243,7 +243,7 @@ def test_engine_check_scores_every_genre_and_passes_on_all_their_positions():
                           "greedy": greedy} for name in ("dequantized", "bf16")}
     measured = {"layer_modes": [{"method": "AutoGPTQLinearMethod", "kernel": "_C::int4_scaled_mm_cpu", "layers": 2}],
                 "ops": ["_C::int4_scaled_mm_cpu"], "top1": engine, "greedy": [[1]]}
-    record = engine_check.verdict(engine_check.header("gptq", True), False, measured, comparisons, sequences, 4)
+    record = vllm_checkpoint.verdict(vllm_checkpoint.header("gptq", True), False, measured, comparisons, sequences, 4)
     assert record["held_out"] == {"windows_per_genre": {"code": 2, "prose": 1}, "length": 4}
     assert record["teacher_forced_positions"] == 9
     assert record["passed"]  # 7 of 9 positions (0.78) clear the W4A8 mark of 0.75, though prose alone does not

@@ -112,8 +112,9 @@ def test_a_host_that_cannot_run_w4a8_publishes_the_checkpoint_unchecked_and_says
     import subprocess
     import sys
 
-    asked = subprocess.run([sys.executable, "-c", "from edgepath.stages import engine_check; "
-                            "print('why:', engine_check.why_not_runnable_here('gptq', True) or '')"],
+    asked = subprocess.run([sys.executable, "-c", "from edgepath.paths.vllm_checkpoint import why_not_runnable_here; "
+                            "from edgepath.stages.probe import probe; "
+                            "print('why:', why_not_runnable_here('gptq', True, probe()) or '')"],
                            capture_output=True, text=True, check=True)
     reason = next(line for line in asked.stdout.splitlines() if line.startswith("why:"))[5:] or None
     check = records.read(w4a8_checkpoint / "engine_check.json", "engine_check")

@@ -83,7 +83,7 @@ def test_a_vllm_build_gets_vllms_server_with_the_paths_arguments_and_environment
 
 @pytest.mark.parametrize("name", ["w8a16-qnn", "w4a8-xnnpack", "w8a8-xnnpack"])
 def test_a_phone_program_is_not_served(tmp_path, name):
-    with pytest.raises(EdgepathError, match="runs on the device, not as a server"):
+    with pytest.raises(EdgepathError, match="runs in the app on the phone, not as a server"):
         serve.server_command(weight_paths.get(name), tmp_path, "phone", "127.0.0.1", 1, 1, 1)
 
 

@@ -47,13 +47,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import paths
 from ..core import records
 from ..core.command import Command
 from ..core.errors import EdgepathError
 from ..core.files import sha256_file
 from ..rules import weight_paths
 from ..rules.versions import build_files
-from ..rules.weight_paths import Engine
 
 RECORDS = (records.FILE_NAMES["pull"], records.FILE_NAMES["device"])
 """The records a directory to serve holds one of: a pull's receipt, a bundle's record."""
@@ -107,71 +107,25 @@ def check_files(build: Build) -> None:
                                 f"it beside the checkpoint); remove it")
 
 
-def _one(build: Build, what: str, matches) -> Path:
-    found = [f["name"] for f in build.files if matches(f["name"])]
-    if len(found) != 1:
-        raise EdgepathError(f"{build.root}: {build.tag}'s build ({build.path}) has {len(found)} {what}, not one")
-    return build.root / found[0]
-
-
-# vLLM's engine process: the thread settings the in-process engines measured best
-# (``engines.vllm_cpu``), where the user's environment does not set them.
-_VLLM_THREADS = ("OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE")
-
-
 def server_command(spec: weight_paths.WeightPathSpec, model: Path, name: str, host: str, port: int,
                    parallel: int, context: int, engine_args: list[str] = (),
                    environ: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
     """(argv, environment) of the server for path ``spec`` over ``model`` (a vLLM
     checkpoint's folder, or a GGUF file), named ``name``: ``parallel`` sequences at
-    once, each of up to ``context`` tokens."""
-    from ..engines import llama_cpp, vllm_cpu
-
-    environ = dict(os.environ if environ is None else environ)
-    threads = vllm_cpu.ENGINE_ENV["OMP_NUM_THREADS"]  # every CPU this process may run on
-    if spec.engine is Engine.LLAMA_CPP:
-        # -c is the KV cache of all slots together: each slot gets ``context``
-        argv = [str(llama_cpp.tool("llama-server")), "--model", str(model), "--alias", name, "--host", host,
-                "--port", str(port), "--threads", threads, "--threads-batch", threads, "--parallel", str(parallel),
-                "--ctx-size", str(context * parallel), "--cont-batching", "--jinja", "--no-webui"]
-        return argv + list(engine_args), environ
-    if spec.engine is not Engine.VLLM:
-        raise EdgepathError(f"{spec.name} is a {spec.engine.value} build: it runs on the device, not as a server")
-    defaults = {k: v for k, v in vllm_cpu.ENGINE_ENV.items() if k in _VLLM_THREADS}
-    env = {**defaults, **environ, **spec.process_env()}
-    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-            "--served-model-name", name, "--host", host, "--port", str(port), "--max-num-seqs", str(parallel),
-            "--max-model-len", str(context), "--seed", "0"]
-    # the dtype the in-process engines run (``VllmCpu``), unless the path names its own
-    for key, value in {"dtype": "bfloat16", **dict(spec.engine_kwargs)}.items():
-        argv += [f"--{key.replace('_', '-')}", str(value)]
-    return argv + list(engine_args), env
-
-
-def why_not_servable_here(spec: weight_paths.WeightPathSpec) -> str | None:
-    """Why this host cannot run ``spec``'s vLLM kernel, or None when it can or the path
-    has no 4-bit kernel (checked before the server starts: a missing kernel would fail
-    minutes into vLLM's start, or fault). The engine check's question, asked of the path."""
-    if spec.kernel is None:
-        return None
-    from ..stages.engine_check import why_not_runnable_here
-
-    return why_not_runnable_here(spec.quantization, spec.w4a8)
+    once, each of up to ``context`` tokens (its family's ``server_command``)."""
+    return paths.of(spec).server_command(model, name, host, port, parallel, context, list(engine_args),
+                                         dict(os.environ if environ is None else environ))
 
 
 def plan(directory: str | os.PathLike, host: str, port: int, parallel: int, context: int,
          engine_args: list[str] = ()) -> tuple[Build, list[str], dict[str, str]]:
     """Steps 1-3 of the lifecycle: the checked build, and its server's argv and environment."""
+    from ..stages.probe import probe
+
     build = read_build(directory)
     spec = weight_paths.get(build.path)
     check_files(build)
-    if spec.engine is Engine.LLAMA_CPP:
-        model = _one(build, "GGUF files", lambda n: n.endswith(".gguf"))
-    else:
-        model = _one(build, "checkpoint folders (config.json)", lambda n: Path(n).name == "config.json").parent
-        why = why_not_servable_here(spec)
-        if why:
-            raise EdgepathError(f"{build.root}: {build.tag}'s build ({spec.name}) cannot run here: {why}")
+    model = paths.of(spec).served_model(build, probe())
     argv, env = server_command(spec, model, build.tag, host, port, parallel, context, engine_args)
     return build, argv, env
 

@@ -1,11 +1,9 @@
 """llama.cpp through ``llama-cpp-python`` (built from source by ``scripts/setup.sh``):
 the benchmark's control engine, and the tools that make its GGUF files.
 
-- ``convert_to_gguf``: a Hugging Face directory to an F16 GGUF with llama.cpp's
-  own ``convert_hf_to_gguf.py``, which the bindings' wheel does not carry:
-  set-up copies it, with its ``conversion`` package and its ``gguf-py``, out of
-  the same sdist the bindings were built from (``converter_dir``), so the
-  converter and the engine are one llama.cpp version.
+- The converter (a Hugging Face directory to a GGUF) is llama.cpp's own
+  ``convert_hf_to_gguf.py``, which the bindings' wheel does not carry:
+  ``formats.gguf_file`` runs it from where set-up put it (``converter_dir``).
 - ``quantize_gguf``: F16 GGUF to Q4_K_M / Q4_0 / Q8_0 with ``llama_model_quantize``
   (the bindings expose the quantizer).
 - ``importance_matrix`` and ``quantize_with_imatrix``: llama.cpp's ``llama-imatrix``
@@ -33,29 +31,12 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import EdgepathError
+from ..formats.gguf_file import converter_dir
 
 # GGUF file types the control arms use (llama.h's LLAMA_FTYPE_MOSTLY_*).
 FTYPES = {"F16": 1, "Q4_0": 2, "Q8_0": 7, "Q4_K_M": 15}
 # ggml.h's GGML_LOG_LEVEL_WARN and _ERROR (the bindings do not export them).
 _LOG_WARN, _LOG_ERROR = 2, 3
-
-
-def converter_dir() -> Path:
-    """Where set-up put llama.cpp's converter (``.venv/share/edgepath/llama.cpp``)."""
-    return Path(sys.prefix) / "share" / "edgepath" / "llama.cpp"
-
-
-def convert_to_gguf(hf_dir: str | os.PathLike, out: str | os.PathLike, outtype: str = "f16") -> None:
-    """Write ``hf_dir`` (safetensors; its tokenizer included) as a GGUF at ``out``, its
-    tensors in ``outtype`` (the converter's ``--outtype``: ``f16``, ``f32``)."""
-    script = converter_dir() / "convert_hf_to_gguf.py"
-    if not script.is_file():
-        raise EdgepathError(f"{script}: llama.cpp's converter is missing; run scripts/setup.sh")
-    done = subprocess.run([sys.executable, str(script), str(hf_dir), "--outtype", outtype, "--outfile", str(out)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        raise EdgepathError(f"convert_hf_to_gguf.py failed on {hf_dir} (exit {done.returncode}):\n"
-                            f"{done.stderr[-3000:]}")
 
 
 def tool(name: str) -> Path:

@@ -47,6 +47,7 @@ The answers go to the process's original stdout; everything the engines print
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import queue
@@ -153,6 +154,31 @@ def command(engine: str, model: str | os.PathLike, *, threads: int | None = None
     if engine_args:
         cmd.append(f"--engine-args={json.dumps(engine_args, sort_keys=True)}")
     return cmd
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    """One engine over one model file: a build (a weight path) or a control."""
+
+    name: str
+    role: str  # "build" | "control"
+    engine: str  # "vllm" | "llama.cpp"
+    model: Path
+    quantization: str | None = None
+    env: tuple[tuple[str, str], ...] = ()
+    bits_per_weight: float | None = None
+    """Tensor bytes x 8 / the model's parameters (llama.cpp's count, for every arm)."""
+    bytes_per_token: int | None = None
+    """Weight bytes one decode step reads."""
+
+    def command(self, cache_dir: Path, threads: int) -> list[str]:
+        """This arm's worker (``engines.worker``); vLLM's ``threads`` are set in its
+        environment, bound to the first ``threads`` cores."""
+        if self.engine != "vllm":
+            return command(self.engine, self.model, threads=threads)
+        env = {**dict(self.env), "OMP_NUM_THREADS": str(threads), "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}"}
+        return command(self.engine, self.model, threads=threads, quantization=self.quantization, env=env,
+                              cache_dir=cache_dir)
 
 
 class EngineProcess:

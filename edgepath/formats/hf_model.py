@@ -332,3 +332,16 @@ def _numel(shape: list[int]) -> int:
     for dim in shape:
         n *= dim
     return n
+
+
+def stored_bytes(directory: Path) -> tuple[int, int]:
+    """(tensor bytes of a safetensors checkpoint, the bytes a decode step reads of them):
+    every tensor, except the embedding table where the checkpoint has its own head (a
+    step then reads one row of it)."""
+    sizes: dict[str, int] = {}
+    for f in sorted(directory.glob("*.safetensors")):
+        sizes.update(tensor_bytes(f))
+    total = sum(sizes.values())
+    untied = any(name.startswith("lm_head.") for name in sizes)
+    embedding = sum(n for name, n in sizes.items() if name.endswith("embed_tokens.weight"))
+    return total, total - embedding if untied else total

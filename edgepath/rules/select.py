@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..core.errors import EdgepathError
-from . import coverage, weight_paths
+from . import coverage, measurements, weight_paths
 from .coverage import DeviceClass
 from .profile import HardwareProfile
 from .weight_paths import Engine, HeldOut, TierDecode, WeightPathSpec
@@ -45,6 +45,8 @@ ENGINES_OF_DEVICE = {DeviceClass.GPU: (Engine.VLLM,), DeviceClass.PHONE: (Engine
                      DeviceClass.X86_CPU: (Engine.VLLM, Engine.LLAMA_CPP),
                      DeviceClass.ARM_CPU: (Engine.VLLM, Engine.LLAMA_CPP)}
 GGUF_PATH = "q4_0-gguf"
+# The run the W4A8 rationale cites: W4A8, tinygemm W4A16 and bf16 side by side on one host.
+W4A8_RUN = "w4a8_vnni.json"
 """The build llama.cpp runs: a device that asks for llama.cpp, or that ``auto`` finds faster."""
 
 
@@ -142,9 +144,21 @@ PHONE_CPU_PROGRAMS = ("w4a8-xnnpack", "w8a8-xnnpack")
 PHONE_MIN_TOP1 = 0.80
 """The fidelity floor of a phone CPU program chosen for speed: teacher-forced top-1
 agreement with fp32 over the held-out genres (``weight_paths.ProgramFidelity``). The
-goal the 4-bit program's GPTQ rebuild was set; in the run that measured both, the
-rebuild scored 0.835 and the program with round-to-nearest weights before it 0.642
-(benchmarks/results/phone.md)."""
+goal the 4-bit program's GPTQ rebuild was set; the run that measured it beside the
+program with round-to-nearest weights before it is ``measured/phone_xnnpack.json``
+(its ``w4a8-xnnpack`` and ``baseline`` programs; benchmarks/results/phone.md)."""
+
+RULES = f"""\
+    In vLLM, x86 CPUs with AMX, or with AVX512-VNNI and AVX512-BF16, get
+    w4a8-gptq (GPTQ, vLLM's int4 x int8 kernel) for speed; other x86 CPUs,
+    priority 'fidelity' and Arm CPUs get w4a16-tinygemm; a phone gets an
+    ExecuTorch export (w8a16-qnn with a Qualcomm NPU, otherwise w4a8-xnnpack
+    for speed where its measured top-1 against fp32 reaches {PHONE_MIN_TOP1:.2f},
+    w8a8-xnnpack for fidelity); CUDA GPUs run bf16 (fp16 without bf16). With
+    --engine llama.cpp a CPU or a phone gets q4_0-gguf; with --engine auto (the
+    default) a CPU gets whichever of its vLLM path and q4_0-gguf measured better
+    for the priority on its CPU tier, the figures cited in the rationale."""
+"""The rules above in a paragraph, for the select command's help."""
 
 
 def _phone_cpu_program(priority: str) -> tuple[str, str]:
@@ -173,11 +187,15 @@ def _w4a8_path(p: HardwareProfile, linears) -> WeightPath:
     else:
         how = ("has AVX512-VNNI and vLLM's AVX512-BF16 kernel build, whose int4 x int8 kernel "
                "(int4_scaled_mm_cpu) runs on VNNI once edgepath's vLLM plugin lifts vLLM's AMX gate (w4a8_vnni)")
+    run = W4A8_RUN
+    w4a8, w4a16, bf16 = (measurements.arm(run, name) for name in ("w4a8-gptq", "w4a16-tinygemm", "vllm bf16"))
     return _selected("w4a8-gptq", (
         f"The {_cpu_desc(p)} {how}, and the priority is speed, so it gets a symmetric 4-bit GPTQ checkpoint "
-        f"that vLLM runs with 8-bit activations: on 2 cores it decoded 59-64 tok/s against bf16's 31 with "
-        f"AMX; on an AVX512-VNNI Zen 4, 74.5 against tinygemm W4A16's 71.8 and bf16's 49.6, and it "
-        f"prefilled 1.9x tinygemm."
+        f"that vLLM runs with 8-bit activations: on an AVX512-VNNI host it decoded "
+        f"{w4a8['decode_tok_s']['median']:.1f} tok/s against tinygemm W4A16's {w4a16['decode_tok_s']['median']:.1f} "
+        f"and bf16's {bf16['decode_tok_s']['median']:.1f}, and prefilled {w4a8['prefill_tok_s']['median']:.0f} "
+        f"tok/s against tinygemm's {w4a16['prefill_tok_s']['median']:.0f} ({measurements.where(run)})"
+        + ("; no AMX host's run is recorded yet." if amx else ".")
     ), linears)
 
 

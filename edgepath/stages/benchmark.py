@@ -57,8 +57,8 @@ from typing import Any
 from ..core import records
 from ..core.command import Command, progress
 from ..core.errors import EdgepathError
-from ..engines.worker import EngineProcess
-from ..engines.worker import command as worker_command
+from ..engines.worker import Arm, EngineProcess
+from ..paths import of as family
 from ..rules import weight_paths
 from ..rules.fleet import Calibration
 from ..rules.profile import HardwareProfile
@@ -102,47 +102,7 @@ class Settings:
         return self.threads or os.cpu_count() or 1
 
 
-@dataclasses.dataclass(frozen=True)
-class Arm:
-    """One engine over one model file: a build (a weight path) or a control."""
-
-    name: str
-    role: str  # "build" | "control"
-    engine: str  # "vllm" | "llama.cpp"
-    model: Path
-    quantization: str | None = None
-    env: tuple[tuple[str, str], ...] = ()
-    bits_per_weight: float | None = None
-    """Tensor bytes x 8 / the model's parameters (llama.cpp's count, for every arm)."""
-    bytes_per_token: int | None = None
-    """Weight bytes one decode step reads."""
-
-    def command(self, cache_dir: Path, threads: int) -> list[str]:
-        """This arm's worker (``engines.worker``); vLLM's ``threads`` are set in its
-        environment, bound to the first ``threads`` cores."""
-        if self.engine != "vllm":
-            return worker_command(self.engine, self.model, threads=threads)
-        env = {**dict(self.env), "OMP_NUM_THREADS": str(threads), "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}"}
-        return worker_command(self.engine, self.model, threads=threads, quantization=self.quantization, env=env,
-                              cache_dir=cache_dir)
-
-
 # ---------------------------------------------------------------- arms
-
-def stored_bytes(directory: Path) -> tuple[int, int]:
-    """(tensor bytes of a safetensors checkpoint, the bytes a decode step reads of them):
-    every tensor, except the embedding table where the checkpoint has its own head (a
-    step then reads one row of it)."""
-    from ..formats.hf_model import tensor_bytes
-
-    sizes: dict[str, int] = {}
-    for f in sorted(directory.glob("*.safetensors")):
-        sizes.update(tensor_bytes(f))
-    total = sum(sizes.values())
-    untied = any(name.startswith("lm_head.") for name in sizes)
-    embedding = sum(n for name, n in sizes.items() if name.endswith("embed_tokens.weight"))
-    return total, total - embedding if untied else total
-
 
 def read_bandwidth() -> float:
     """This host's memory read bandwidth in bytes/s, measured once: the best of five
@@ -172,19 +132,6 @@ def why_not_run_here(path_name: str, verify_dir: Path) -> str | None:
     return None
 
 
-def _build_arm(name: str, artifact: Path, parameters: int) -> Arm:
-    """Path ``name``'s build in ``artifact``, in the engine its record names."""
-    spec = weight_paths.get(name)
-    if spec.engine is weight_paths.Engine.LLAMA_CPP:
-        # bits as llama.cpp counts them, like the controls': its check loaded the file
-        stored = records.read(artifact / records.FILE_NAMES["gguf_check"], "gguf_check")["file"]
-        return Arm(name, "build", "llama.cpp", artifact / stored["name"], bits_per_weight=stored["bits_per_weight"],
-                   bytes_per_token=round(stored["bits_per_weight"] * stored["parameters"] / 8))
-    total, per_token = stored_bytes(artifact)
-    return Arm(name, "build", "vllm", artifact, spec.quantization, tuple(sorted(spec.process_env().items())),
-               round(total * 8 / parameters, 3), per_token)
-
-
 def plan(paths: list[str], verify_dir: Path, weights_dir: Path, model_dir: Path, parameters: int,
          control: dict[str, Any] | None, control_dir: Path) -> tuple[list[Arm], dict[str, dict[str, Any]]]:
     """The arms (the builds of ``paths`` that run here, then the controls) and, per
@@ -193,15 +140,12 @@ def plan(paths: list[str], verify_dir: Path, weights_dir: Path, model_dir: Path,
     for name in paths:
         reason = why_not_run_here(name, verify_dir)
         if reason is None:
-            builds.append(_build_arm(name, weights_dir / name, parameters))
+            builds.append(family(name).benchmark_arm(weights_dir / name, parameters))
             states[name] = {"state": "measured", "detail": f"{name} passed patch-verify on this host"}
         else:
             states[name] = {"state": "not measured here", "detail": reason}
-    total, per_token = stored_bytes(model_dir)
-    # the model's own bf16 checkpoint as the bf16 path runs it, on this CPU: bf16 activations
-    bf16_env = {**weight_paths.get("bf16").process_env(), "VLLM_CPU_INT4_W4A8": "0"}
-    controls = [Arm(BF16_CONTROL, "control", "vllm", model_dir, None, tuple(sorted(bf16_env.items())),
-                    round(total * 8 / parameters, 3), per_token)]
+    # the model's own checkpoint as the reference path runs it, on this CPU
+    controls = [family(weight_paths.REFERENCE).benchmark_arm(model_dir, parameters, BF16_CONTROL, "control")]
     for f in (control or {}).get("files", []):
         # llama.cpp reads every tensor of these files per step (the head is the tied embedding table)
         controls.append(Arm(f"llama.cpp {f['type']}", "control", "llama.cpp", control_dir / f["file"],
@@ -238,7 +182,7 @@ def _process_jiffies(pid: int) -> int:
     return int(fields[11]) + int(fields[12])  # utime + stime, all threads
 
 
-class _PeakRss(threading.Thread):
+class PeakRss(threading.Thread):
     """Samples the RssAnon (``_rss_anon``) of every registered process every 20 ms;
     keeps each one's peak."""
 
@@ -266,7 +210,7 @@ class Worker(EngineProcess):
     """An arm's engine in its own process, started and driven through
     ``engines.worker`` (its protocol); ``start_s`` runs from the spawn to the ready line."""
 
-    def __init__(self, arm: Arm, cache_dir: Path, threads: int, log: Path, peaks: _PeakRss) -> None:
+    def __init__(self, arm: Arm, cache_dir: Path, threads: int, log: Path, peaks: PeakRss) -> None:
         self.arm = arm
         super().__init__(arm.name, arm.command(cache_dir, threads), log)
         peaks.watch(self.proc.pid)
@@ -360,7 +304,7 @@ def measure(arms: list[Arm], settings: Settings, windows: dict[str, list[list[in
     """Steps 2-4 of the lifecycle on ``arms`` (controls included), ``windows``: genre ->
     its scored windows; returns each arm's figures and the run's load record."""
     threads = settings.thread_count()
-    peaks = _PeakRss()
+    peaks = PeakRss()
     peaks.start()
     workers: dict[str, Worker] = {}
     starts: dict[str, dict[str, Any]] = {}

@@ -3,7 +3,7 @@
 Lifecycle of ``run(model_record_path, out, types, threads)``:
 
 1. Convert the model stage's bf16 directory to an F16 GGUF with llama.cpp's own
-   converter (``engines.llama_cpp.convert_to_gguf``): F16 holds bf16's values
+   converter (``formats.gguf_file.convert_to_gguf``): F16 holds bf16's values
    up to rounding, and is what llama.cpp's quantizer starts from.
 2. Quantize the F16 file to each type of ``types`` (``Q4_K_M``, llama.cpp's
    usual 4-bit choice, and ``Q4_0``, its plain 4-bit format) with
@@ -51,7 +51,8 @@ def gguf_name(ftype: str) -> str:
 def run(model_record_path: str | os.PathLike, out: str | os.PathLike, types: list[str],
         threads: int, calibration: Calibration = Calibration()) -> dict[str, Any]:
     """Make the control GGUFs (module docstring); returns the record written to ``out/control.json``."""
-    from ..engines.llama_cpp import FTYPES, LlamaCpp, convert_to_gguf, quantize_gguf, quantize_with_imatrix
+    from ..engines.llama_cpp import FTYPES, LlamaCpp, quantize_gguf, quantize_with_imatrix
+    from ..formats.gguf_file import convert_to_gguf
 
     known = [*FTYPES, *(f"{t}{IMATRIX}" for t in FTYPES if t != SOURCE_TYPE)]
     unknown = sorted(set(types) - set(known))

@@ -40,8 +40,8 @@ from ..core.errors import EdgepathError
 from ..core.files import sha256_file
 from ..rules import coverage, versions
 from ..rules.fleet import Params
-from ..rules.weight_paths import Engine, Stage
-from ..scoring.agreement import TOP1, top1_against
+from ..paths import of as family
+from ..rules.weight_paths import Stage
 from ..scoring.fidelity import COMPARED_CONTROLS
 
 EXPORT_RECORD = records.FILE_NAMES["export"]
@@ -63,35 +63,9 @@ def _relative(path: Path, base: Path) -> str:
 
 def _artifact(path: Path, base: Path, output_parent: Path) -> dict[str, Any]:
     """A file of a stage output: its project path, and its ``name`` in a device's
-    build (relative to the folder above the stage output: ``w4a16-tinygemm/config.json``)."""
+    build (relative to the folder above the stage output: ``<path>/config.json``)."""
     return {"path": _relative(path, base), "name": path.relative_to(output_parent).as_posix(),
             "size": path.stat().st_size, "sha256": sha256_file(path)}
-
-
-def _vllm_check_summary(check: dict[str, Any]) -> dict[str, Any]:
-    """A vLLM checkpoint's engine check (``engine_check``): the kernel that ran, and its
-    top-1 agreement with the checkpoint's own dequantized weights and with bf16."""
-    against = check["against"] or {}
-    top1 = {name: against[name][TOP1] if name in against else None
-            for name in ("dequantized", "bf16")}
-    return {"passed": check["passed"], "engine": check["engine"], "activation_mode": check["activation_mode"],
-            "kernel_op": check["kernel_op"], "ran_kernel": check["ran_kernel"], "not_run": check["not_run"],
-            "top1_vs_dequantized": top1["dequantized"], "top1_vs_bf16": top1["bf16"],
-            "note": check["w4a8_gate_lifted"]}
-
-
-def _gguf_check_summary(check: dict[str, Any]) -> dict[str, Any]:
-    """A GGUF's check in llama.cpp (``gguf_check``), in the same fields: llama.cpp runs the
-    file's own kernels (there is no op to name), against the weights it was written from."""
-    return {"passed": check["passed"], "engine": check["engine"],
-            "activation_mode": "Q8_0 blocks (llama.cpp rounds activations for its Q4_0 and Q8_0 dot products)",
-            "kernel_op": None, "ran_kernel": True, "not_run": None,
-            "top1_vs_dequantized": top1_against(check, "reference"),
-            "top1_vs_bf16": None, "note": f"against {check['reference']}"}
-
-
-# The record a quantize-stage build's own check writes, by kind, as the manifest summarizes it.
-_CHECK_SUMMARIES = {"engine_check": _vllm_check_summary, "gguf_check": _gguf_check_summary}
 
 
 def _quantization_summary(report: dict[str, Any], engine_check: dict[str, Any]) -> dict[str, Any]:
@@ -137,8 +111,9 @@ def _build(selection: dict[str, Any], model_record: dict[str, Any], model_dir: P
         report = records.read(report_file, "quantization")
         if report["model"]["fingerprint"] != model_record["fingerprint"]:
             raise EdgepathError(f"{built}: quantized from another model (fingerprint differs); re-run quantize@{name}")
-        kind = "gguf_check" if selection["path"]["engine"] == Engine.LLAMA_CPP.value else "engine_check"
-        summary = _CHECK_SUMMARIES[kind](records.read(built / records.FILE_NAMES[kind], kind))
+        path_family = family(name)
+        kind = path_family.check_kind
+        summary = path_family.check_summary(records.read(built / records.FILE_NAMES[kind], kind))
         artifacts = [_artifact(f, base, weights_dir) for f in sorted(built.iterdir()) if f.is_file()]
         checked = (f"engine check not run on the build host: {summary['not_run']}" if summary["not_run"]
                    else f"{summary['engine']} check {'passed' if summary['passed'] else 'FAILED'}")
@@ -147,7 +122,7 @@ def _build(selection: dict[str, Any], model_record: dict[str, Any], model_dir: P
                 artifacts, _quantization_summary(report, summary))
     if export is not None:
         artifacts = _export_artifacts(exports_dir / name, export, base)
-        return {"state": "built", "detail": _export_detail(export)}, artifacts, None
+        return {"state": "built", "detail": family(name).export_detail(export)}, artifacts, None
     return {"state": "pending", "detail": (f"built by the {stage.value} stage; {stage.value}@{name} has no complete "
                                            f"output here (not in {stage.value}.paths in params.yaml, not run yet, "
                                            f"or interrupted)")}, [], None
@@ -177,28 +152,6 @@ def _export_artifacts(directory: Path, record: dict[str, Any], base: Path) -> li
     return [*files, _artifact(directory / EXPORT_RECORD, base, directory.parent)]
 
 
-def _export_detail(record: dict[str, Any]) -> str:
-    parity, pte = record["parity"], record["pte"]
-    sqnr = "exact" if parity["logit_sqnr_db"] is None else f"{parity['logit_sqnr_db']:.1f} dB"
-    worst = (f" (worst genre {parity['worst']['genre']} {parity['worst']['top1_agreement']:.3f})"
-             if "worst" in parity else "")
-    against_fp32 = (f"top-1 {parity['top1_agreement']:.3f}{worst}, KL {parity['kl_nats']:.4f} nats, logit SQNR {sqnr} "
-                    f"against fp32 on {parity['positions']} held-out positions, passing the gate (top-1 >= "
-                    f"{parity['gate']['min_top1']})")
-    if "soc" in record["program"]:
-        calibration = record["calibration"]
-        made = (f"export@{record['path']}: {record['program']['precision']} for {record['program']['soc']}, calibrated "
-                f"on {calibration['samples']} x {calibration['length']} tokens of {calibration['corpus']} "
-                f"({calibration['chat_samples']} chat turns); {against_fp32}")
-    else:
-        calibration = record["calibration"]
-        on = (f" calibrated on {calibration['samples']} x {calibration['length']} tokens of {calibration['corpus']}"
-              if "samples" in calibration else "")
-        made = (f"export@{record['path']}: {record['program']['precision']}, weights by "
-                f"{calibration['weights']['algorithm']}{on}; {against_fp32}")
-    return f"{made}; .pte {pte['state']}" + ("" if pte["state"] == "built" else f": {pte['detail']}")
-
-
 def _export_summary(selection: dict[str, Any], record: dict[str, Any], exports_dir: Path,
                     model_record: dict[str, Any], base: Path) -> dict[str, Any]:
     """A phone target's program (``record``): its precision, calibration, parity and .pte
@@ -218,7 +171,7 @@ def _export_summary(selection: dict[str, Any], record: dict[str, Any], exports_d
     return {**summary, "fallback": {
         "path": fallback, "state": "built",
         "detail": (f"until {path['name']}'s .pte is lowered ({record['pte']['detail']}), the device runs "
-                   f"{fallback} on its CPU: {_export_detail(other)}"),
+                   f"{fallback} on its CPU: {family(fallback).export_detail(other)}"),
         "artifacts": _export_artifacts(exports_dir / fallback, other, base)}}
 
 
@@ -232,7 +185,7 @@ def _verification(selection: dict[str, Any], verify_dir: Path, export: dict[str,
     path, target = selection["path"], selection["profile"]["summary"]
     name = path["name"]
     if export is not None:
-        return {"verified": False, "record": None, **_export_verification(name, export)}
+        return {"verified": False, "record": None, **family(name).verification(export)}
     if path["built_by"] != Stage.QUANTIZE.value:
         device = target["gpu_name"] or target["accelerator"] if target["accelerator"] != "none" else target["arch"]
         return {"verified": False, "record": None, "state": "not run here",
@@ -267,36 +220,8 @@ def _patch_verified(record: dict[str, Any], reference: dict[str, Any]) -> dict[s
     if not record["passed"]:
         return {"verified": False, **reference, "state": "failed", "patches": patches,
                 "detail": f"patch-verify {where}: {'; '.join(record['failures'])}"}
-    if record["engine"] == Engine.LLAMA_CPP.value:
-        check = record["check"]
-        return {"verified": True, **reference, "state": "passed", "patches": patches,
-                "detail": (f"patch-verify {where}: {check['engine']} ran the GGUF, teacher-forced top-1 agreement "
-                           f"with {check['reference']} "
-                           f"{top1_against(check, 'reference'):.3f}; a copy with its "
-                           f"nibbles swapped scored {check['swapped_nibbles'][TOP1]:.3f}")}
-    agreement = top1_against(record["check"], "dequantized")
-    gate = f"; {record['check']['w4a8_gate_lifted']}" if record["check"].get("w4a8_gate_lifted") else ""
     return {"verified": True, **reference, "state": "passed", "patches": patches,
-            "detail": (f"patch-verify {where}: every quantized layer ran {record['check']['kernel_op']}, top-1 "
-                       f"agreement with the checkpoint's own weights {agreement:.3f}, warm start "
-                       f"{record['starts']['warm_s']:.0f} s from the compile cache (cold "
-                       f"{record['starts']['cold_s']:.0f} s){gate}")}
-
-
-def _export_verification(name: str, export: dict[str, Any]) -> dict[str, Any]:
-    check = export.get("runtime_check")
-    if check is None:
-        return {"state": "not run here",
-                "detail": (f"{name}'s program was checked against fp32 on the build host with its quantization "
-                           f"simulated (export record); no NPU ran it")}
-    eager, greedy = check["against_eager"], check["greedy"]
-    return {"state": "checked off-device",
-            "detail": (f"{name}'s .pte ran in {check['engine']} (the build host, not a phone): teacher-forced top-1 "
-                       f"{eager['top1_agreement']:.3f} against {eager['what']} (gate {eager['min_top1']}: a "
-                       f"lowering fault), {export['parity']['top1_agreement']:.3f} against fp32 (gate "
-                       f"{export['parity']['gate']['min_top1']}: the fidelity the phone gets; the eager model "
-                       f"{check['eager_against_fp32']['top1_agreement']:.3f}), {greedy['reproduced']}/"
-                       f"{greedy['prompts']} prompts reproduced over {greedy['tokens']} tokens; no phone ran it")}
+            "detail": family(record["path"]).verified_detail(record, where)}
 
 
 def measurement(selection: dict[str, Any], record: dict[str, Any],

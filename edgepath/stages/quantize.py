@@ -9,61 +9,46 @@ Lifecycle of ``run(model_dir, path, out, settings)``:
 2. Calibrate: draw the token windows (``calibration``).
 3. Quantize layer by layer (``quant.sequential``: GPTQ with a per-group grid
    search on the layer's output error), the output head too when ``head: int4``.
-   A GGUF path first rounds what its file stores above 4 bits (the tensor policy,
-   ``engines.gguf_gptq.DEFAULT_POLICY``: the embedding, the key and value
-   projections) to Q8_0, and GPTQ leaves those matrices alone. A W4A8 path first
-   ranks the down projections by what int8 inputs do to the model's output
-   (``quant.activation_error``) and keeps the first ``w4a8_bf16_down_proj`` bf16,
-   out of GPTQ; the checkpoint's ``quantization_config.dynamic`` tells vLLM so.
-4. Pack into the path's format (``formats.gptq_format``, ``formats.cpu_int4_format``; for
-   ``q4_0-gguf`` a GGUF of Q4_0 blocks, ``engines.gguf_gptq``), copy config,
-   tokenizer and chat template (a GGUF carries its own), and write
-   ``quantization_report.json`` beside the weights. Its fidelity: perplexity of
-   the unquantized model and of the quantized one on each genre's held-out
-   windows (``calibration.held_out_genres``: the multi-genre corpus's held-out
-   documents, whatever corpus calibrated), each genre's increase in percent, and
-   as headline their mean and the worst genre.
-5. Check the written checkpoint in its real engine: in vLLM against its
-   dequantized weights and the unquantized model (``engine_check``, into
-   ``engine_check.json``); a GGUF in llama.cpp against the same weights in
-   PyTorch (``engines.gguf_gptq.check``, into ``gguf_check.json``).
-   A checkpoint that fails is not published: ``out`` appears whole and
-   checked, or not at all (``records.output_directory``: it replaces only an
-   earlier checkpoint of this stage, never the model). Where this host's vLLM has no
-   kernel for the format (the AVX2 build has no GPTQ kernel), the check records
-   why it did not run and the checkpoint is published unchecked, which the
-   manifest shows.
+   First the path's family fixes what GPTQ must leave alone (``before_gptq``: a
+   GGUF's tensors stored above 4 bits, a W4A8 path's down projections kept bf16).
+4. The report (``quantization_report.json``): the format, group and why, the
+   grid search, the calibration, and the fidelity: perplexity of the unquantized
+   model and of the quantized one on each genre's held-out windows
+   (``calibration.held_out_genres``: the multi-genre corpus's held-out documents,
+   whatever corpus calibrated), each genre's increase in percent, and as headline
+   their mean and the worst genre.
+5. The path's family packs the weights in its format, writes its artifact beside
+   the report and checks it in its real engine (``paths.WeightPath.publish``). An
+   artifact that fails is not published: ``out`` appears whole and checked, or not
+   at all (``records.output_directory``: it replaces only an earlier checkpoint of
+   this stage, never the model). Where this host's engine has no kernel for the
+   format, the check records why it did not run and the checkpoint is published
+   unchecked, which the manifest shows.
 
 Every path the registry says this stage builds (``weight_paths``, ``built_by``
-quantize) shares steps 1-3 and the report; they differ in what their record
-names: the grid (``w4a8-gptq``: symmetric, its scale searched, for vLLM's GPTQ
-kernels; ``w4a16-tinygemm``: asymmetric, its range searched, for tinygemm
-through edgepath's vLLM plugin; ``q4_0-gguf``: symmetric at group 32, for llama.cpp;
-``quant.gptq.grid``), the group-size rule, and steps 4-5's packing and engine.
+quantize) shares steps 1-4; they differ in what their record names (the grid,
+``quant.gptq.grid``, and the group-size rule) and in their family's steps 3 and 5
+(``edgepath/paths/``).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import re
-import shutil
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from .. import paths
 from ..core import files, records
 from ..core.command import Command
-from ..core.errors import EdgepathError
 from ..formats import hf_model
 from ..rules import shapes, weight_paths
 from ..rules.fleet import Calibration, Gptq, check_namespace
-from ..rules.weight_paths import Engine, Grid, Stage, WeightPathSpec
-from ..scoring.agreement import top1_against
+from ..rules.weight_paths import Grid, Stage
 from ..scoring.fidelity import headline, increase_percent
-from . import engine_check
+from .probe import probe
 
 REPORT_NAME = records.FILE_NAMES["quantization"]
 WEIGHTS_NAME = "model.safetensors"
@@ -128,14 +113,6 @@ class Settings:
         return cls(**flat)
 
 
-def _pack(spec: WeightPathSpec, prefix: str, q) -> dict[str, Any]:
-    """State-dict entries of the quantized layer ``q`` (a ``QuantizedLayer``) in the path's format."""
-    from ..formats.checkpoint import layer_format
-
-    fields = (q.codes, q.scales) if spec.grid is Grid.SYMMETRIC else (q.codes, q.scales, q.offsets)
-    return layer_format(spec.checkpoint_format).pack(*fields).tensors(prefix)
-
-
 def quantized_layers(info: dict[str, Any], head: str) -> dict[str, tuple[int, int]]:
     """``{prefix: (out, in)}`` of every linear the checkpoint stores in 4 bits."""
     linears = {name.removesuffix(".weight"): shape
@@ -163,32 +140,12 @@ def _tensor_report(name: str, weight, q) -> dict[str, Any]:
     }
 
 
-def quantization_config(spec: WeightPathSpec, group: int, head: str, damp: float) -> dict[str, Any]:
-    """A checkpoint's ``quantization_config`` in path ``spec``'s format: its group, its
-    head (``bf16`` or ``int4``) and GPTQ's damping."""
-    common = {"quant_method": spec.checkpoint_format, "bits": 4, "group_size": group,
-              "sym": spec.grid is Grid.SYMMETRIC,
-              "true_sequential": True, "lm_head": head == "int4", "damp_percent": damp}
-    if spec.checkpoint_format == "gptq":
-        return {**common, "desc_act": False, "static_groups": False, "checkpoint_format": "gptq"}
-    from ..formats.cpu_int4_format import FORMAT_VERSION
-
-    return {**common, "format_version": FORMAT_VERSION}
-
-
-def _copy_side_files(src: Path, dest: Path, tokenizer_files: list[str]) -> None:
-    for name in [*tokenizer_files, "generation_config.json", "chat_template.jinja"]:
-        if (src / name).is_file() and not (dest / name).exists():
-            shutil.copy2(src / name, dest / name)
-
-
 def run(model_dir: str | Path, path: str, out: str | Path, settings: Settings = Settings()) -> dict[str, Any]:
     """Build ``out`` (module docstring); returns the report written beside the weights."""
     model_dir, out = Path(model_dir), files.path_of(out, "--out")
     spec = weight_paths.require(path, Stage.QUANTIZE)
-    if spec.engine is Engine.LLAMA_CPP and settings.head != "bf16":
-        raise EdgepathError(f"quantize.head {settings.head!r}: {path} keeps the output head tied to the embedding "
-                            f"table, which its GGUF stores as Q8_0; the head setting 'int4' is for vLLM paths")
+    family = paths.of(spec)
+    family.refuse(settings)
     records.check_output_directory(out, "quantization", sources=[model_dir])  # before minutes of GPTQ
     info = hf_model.inspect(model_dir, with_file_digests=False)
     layers = quantized_layers(info, settings.head)
@@ -209,7 +166,7 @@ def run(model_dir: str | Path, path: str, out: str | Path, settings: Settings = 
     held_out = (calibration.held_out_genres(tokenizer, corpus, settings.eval_windows, settings.eval_length)
                 if settings.eval_windows else {})
     held_out_documents = calibration.held_out_record(corpus) if held_out else None
-    check_sequences = engine_check.check_sequences(tokenizer, corpus)
+    check_sequences = calibration.check_sequences(tokenizer, corpus)
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True).eval()
     original = {n: p.detach().clone() for n, p in model.named_parameters()
@@ -218,17 +175,7 @@ def run(model_dir: str | Path, path: str, out: str | Path, settings: Settings = 
         original["lm_head.weight"] = model.get_output_embeddings().weight.detach().clone()
     ppl_reference = _perplexities(model, held_out, "reference", started)
     grid = search_grid(spec.grid is Grid.SYMMETRIC, settings.search)
-    gguf = spec.engine is Engine.LLAMA_CPP
-    kept: list[str] = []
-    if gguf:  # what the file stores above 4 bits, rounded first, so GPTQ and the report see the file's weights
-        from ..engines import gguf_gptq
-
-        gguf_gptq.DEFAULT_POLICY.round_to_stored(model)
-        kept = gguf_gptq.DEFAULT_POLICY.kept_from_gptq(model.config.num_hidden_layers)
-    bf16_tensors = None
-    if spec.w4a8 and settings.w4a8_bf16_down_proj:
-        bf16_tensors = _ranked_bf16_tensors(model, calib.tokens, settings.w4a8_bf16_down_proj, started)
-        kept = bf16_tensors["tensors"]
+    kept, path_fields = family.before_gptq(model, calib.tokens, settings, started)
     gptq_started = time.monotonic()
     quantized = quantize_model(model, calib.tokens, group, grid, settings.damp,
                                settings.group_order, quantize_head=settings.head == "int4", keep=kept)
@@ -241,8 +188,7 @@ def run(model_dir: str | Path, path: str, out: str | Path, settings: Settings = 
         "format": {"quant_method": spec.checkpoint_format, "layout": spec.checkpoint_layout,
                    "kernel": spec.group_rule.kernel, "group_size": group, "group_size_reason": group_reason},
         "model": {"directory": str(model_dir.resolve()), "fingerprint": info["fingerprint"]},
-        "head": ({"stored": "q8_0", "tied_embedding_kept": "q8_0"} if gguf
-                 else {"stored": settings.head, "tied_embedding_kept": "bf16"}),
+        "head": family.head_record(settings),
         "algorithm": {"name": "gptq", "search": grid.name, "ratios": list(grid.ratios), "signed": grid.signed,
                       "damp": settings.damp, "group_order": settings.group_order, "true_sequential": True},
         "calibration": calib.record,
@@ -252,120 +198,12 @@ def run(model_dir: str | Path, path: str, out: str | Path, settings: Settings = 
         "versions": records.versions("torch", "transformers", "safetensors"),
         "gptq_time_s": round(gptq_time, 1),
         "wall_time_s": round(time.monotonic() - started, 1),
+        **path_fields,
     }
-    if bf16_tensors is not None:
-        report["bf16_tensors"] = bf16_tensors
-    if gguf:
-        policy = gguf_gptq.DEFAULT_POLICY
-        report["tensor_policy"] = {"embedding": policy.embedding, "q8_0": list(policy.q8_0),
-                                   "q8_0_layers": policy.q8_0_layers, "q8_0_tensors": kept,
-                                   "reason": gguf_gptq.DEFAULT_POLICY_REASON}
-        q4_0 = sum(q.codes.numel() for q in quantized.values())
-        q8_0 = sum(model.get_submodule(p).weight.numel() for p in kept)
-        report["bits_per_weight"] = round((q4_0 * spec.bits_per_weight(group) + q8_0 * gguf_gptq.Q8_0_BITS)
-                                          / (q4_0 + q8_0), 4)
-        _publish_gguf(model, model_dir, out, report, check_sequences)
-    else:
-        kept_weights = sum(model.get_submodule(p).weight.numel() for p in kept)
-        del model
-        _publish_checkpoint(spec, settings, model_dir, info, out, report, quantized, group, check_sequences,
-                            kept, kept_weights)
+    built = paths.QuantizedModel(model, model_dir, info, quantized, group, kept, check_sequences, probe())
+    del model  # the family may hand the memory back before its engine starts
+    family.publish(built, report, settings, out)
     return report
-
-
-# Calibration samples the W4A8 ranking runs on, spread over the set: SmolLM2-135M's top four
-# down projections were the same from 16 and from 32 samples (3 min on 2 cores for 16).
-RANKING_SAMPLES = 16
-
-
-def _ranked_bf16_tensors(model, tokens, count: int, started: float) -> dict[str, Any]:
-    """The report's ``bf16_tensors``: the ``count`` down projections whose int8 inputs
-    move the model's output most (``quant.activation_error``), measured on
-    ``RANKING_SAMPLES`` calibration samples."""
-    from ..quant.activation_error import rank_down_projections
-
-    sample = tokens[::max(1, len(tokens) // RANKING_SAMPLES)][:RANKING_SAMPLES]
-    ranked = rank_down_projections(model, sample)
-    kept = [prefix for prefix, _ in ranked[:count]]
-    print(f"quantize: down projections kept bf16 (int8 inputs moved the output most): {', '.join(kept)}, "
-          f"{time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
-    return {"tensors": kept, "samples": len(sample),
-            "ranking": [{"tensor": p, "kl_nats_per_token": round(kl, 6)} for p, kl in ranked],
-            "reason": ("vLLM's W4A8 kernel rounds each token's activations to 8 bits; the down projections' "
-                       "inputs lose most, and an early layer's error travels through every later one. Each "
-                       "layer's int8 input was ranked by the KL divergence it caused in the model's next-token "
-                       "distributions on calibration text; the first quantize.w4a8_bf16_down_proj stay bf16 "
-                       "(vLLM's unquantized GEMM)")}
-
-
-def _publish_checkpoint(spec: WeightPathSpec, settings: Settings, model_dir: Path, info: dict[str, Any], out: Path,
-                        report: dict[str, Any], quantized: dict[str, Any], group: int,
-                        check_sequences: dict[str, list[list[int]]], kept: list[str], kept_weights: int) -> None:
-    """Step 4 and 5 for a vLLM path: the safetensors checkpoint in the path's format,
-    checked in vLLM (``engine_check``) before ``out`` is published. ``kept``: linears
-    stored bf16 (``kept_weights`` weights), which the config tells vLLM to skip."""
-    import torch
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-
-    tensors_to_save: dict[str, torch.Tensor] = {}
-    for f in hf_model.weight_files(model_dir):
-        with safe_open(f, "pt") as sf:
-            for name in sf.keys():
-                if name.removesuffix(".weight") not in quantized:
-                    tensors_to_save[name] = sf.get_tensor(name)
-    stored_bits = 0
-    for prefix, q in quantized.items():
-        for name, t in _pack(spec, prefix, q).items():
-            tensors_to_save[name] = t
-            stored_bits += t.numel() * t.element_size() * 8
-    report["bits_per_weight"] = round((stored_bits + 16 * kept_weights)
-                                      / (sum(q.codes.numel() for q in quantized.values()) + kept_weights), 4)
-    records.validate("quantization", report, where=str(out / REPORT_NAME))
-
-    config = files.read_json(model_dir / "config.json")
-    config["quantization_config"] = quantization_config(spec, group, settings.head, settings.damp)
-    if kept:  # GPTQModel's per-module override, which vLLM reads: "-:" + regex skips the module
-        config["quantization_config"]["dynamic"] = {f"-:{re.escape(p)}": {} for p in kept}
-    if settings.head == "int4":
-        config["tie_word_embeddings"] = False  # the bf16 table stays for lookups
-    with records.output_directory(out, "quantization", sources=[model_dir]) as scratch:
-        save_file(tensors_to_save, str(scratch / WEIGHTS_NAME), metadata={"format": "pt"})
-        (scratch / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        _copy_side_files(model_dir, scratch, info["tokenizer_files"])
-        (scratch / REPORT_NAME).write_text(records.dumps(report))
-        checked = engine_check.check(scratch, model_dir, check_sequences, w4a8=spec.w4a8)
-        records.write(scratch / engine_check.CHECK_NAME, "engine_check",
-                      {**records.envelope("engine_check"), **checked})
-        if not checked["passed"] and checked["not_run"] is None:
-            raise EdgepathError(_failed(checked))
-
-
-def _publish_gguf(model, model_dir: Path, out: Path, report: dict[str, Any],
-                  check_sequences: dict[str, list[list[int]]]) -> None:
-    """Step 4 and 5 for a llama.cpp path: the GGUF of GPTQ's blocks
-    (``engines.gguf_gptq.write``), checked in llama.cpp against ``model`` (the same
-    weights in PyTorch) before ``out`` is published."""
-    import os
-    import tempfile
-
-    from ..engines import gguf_gptq
-
-    records.validate("quantization", report, where=str(out / REPORT_NAME))
-    with records.output_directory(out, "quantization", sources=[model_dir]) as scratch:
-        with tempfile.TemporaryDirectory(dir=scratch, prefix=".hf-") as hf:
-            gguf_gptq.write(gguf_gptq.save_dequantized(model, model_dir, hf), scratch / gguf_gptq.FILE_NAME)
-        (scratch / REPORT_NAME).write_text(records.dumps(report))
-        print("quantize: checking the GGUF in llama.cpp against the same weights in PyTorch",
-              file=sys.stderr, flush=True)
-        checked = gguf_gptq.check(scratch / gguf_gptq.FILE_NAME, model, gguf_gptq.REFERENCE_IS, check_sequences,
-                                  threads=os.cpu_count() or 1)
-        records.write(scratch / records.FILE_NAMES["gguf_check"], "gguf_check", checked)
-        if not checked["passed"]:
-            agreement = top1_against(checked, "reference")
-            raise EdgepathError(f"llama.cpp's output disagrees with the GPTQ weights it was written from: top-1 "
-                                f"agreement {agreement:.3f} < {gguf_gptq.AGREEMENT_PASS} (a packing or "
-                                f"tensor-order mistake); the GGUF was not written")
 
 
 def _perplexities(model, held_out: dict[str, Any], arm: str, started: float,
@@ -395,16 +233,6 @@ def fidelity(reference: dict[str, float], quantized: dict[str, float], windows: 
             **headline(increases)}
 
 
-def _failed(checked: dict[str, Any]) -> str:
-    agreement = top1_against(checked, "dequantized")
-    threshold = checked["threshold"]["teacher_forced_top1_vs_dequantized"]
-    if not checked["ran_kernel"]:
-        return (f"the engine did not run {checked['kernel_op']} on every quantized layer "
-                f"(layers: {checked['layer_modes']}); the checkpoint was not written")
-    return (f"vLLM's output disagrees with the checkpoint's own dequantized weights: top-1 agreement "
-            f"{agreement:.3f} < {threshold} (a layout convention mismatch); the checkpoint was not written")
-
-
 # ---------------------------------------------------------------- the command
 
 def _cmd(args: argparse.Namespace) -> None:
@@ -423,13 +251,7 @@ def _cmd(args: argparse.Namespace) -> None:
     ppl = (f", held-out perplexity {fid['mean_increase_pct']:+.1f} % over the unquantized model on average "
            f"over {len(fid['genres'])} genres, worst {fid['worst']['genre']} {fid['worst']['increase_pct']:+.1f} %"
            if fid["worst"] else "")
-    if weight_paths.get(args.path).engine is Engine.LLAMA_CPP:
-        check = records.read(Path(args.out) / records.FILE_NAMES["gguf_check"], "gguf_check")
-        checked = (f"llama.cpp check passed (top-1 agreement "
-                   f"{top1_against(check, 'reference'):.3f})")
-    else:
-        check = records.read(Path(args.out) / engine_check.CHECK_NAME, "engine_check")
-        checked = f"engine check not run: {check['not_run']}" if check["not_run"] else "engine check passed"
+    checked = paths.of(args.path).check_line(Path(args.out))
     print(f"quantize: {args.path} ({report['format']['quant_method']}, group {report['format']['group_size']}, "
           f"{report['bits_per_weight']:.3f} bits/weight, head {report['head']['stored']}){ppl}, "
           f"{report['wall_time_s']:.0f} s, {checked} -> {args.out}")
@@ -447,26 +269,21 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--head", help="output head: int4 or bf16 (overrides params)")
 
 
-COMMAND = Command("quantize", "write a weight path's 4-bit checkpoint", """\
-    Quantize the model into the checkpoint a weight path's kernel reads.
+def _help() -> str:
+    paths_built = "\n".join(f"    {name} ({weight_paths.get(name).engine.value}): {weight_paths.get(name).summary}"
+                             for name in weight_paths.built_by(Stage.QUANTIZE))
+    first = weight_paths.built_by(Stage.QUANTIZE)[0]
+    return f"""\
+    Quantize the model into the artifact a weight path's kernel reads:
 
-    w4a8-gptq: a GPTQ checkpoint (symmetric int4, v1 layout, no act-order) that
-    stock vLLM loads with quantization="gptq" and runs through its int4 x int8
-    CPU kernel; GPTQ error feedback with a per-group scale search on the
-    layer's output error.
-    w4a16-tinygemm: GPTQ on an asymmetric grid, each group's range searched on
-    the layer's output error (clipped from min/max), packed as cpu_int4
-    (uint8 nibbles, bf16 scales and offsets) that edgepath's vLLM plugin runs
-    through PyTorch's tinygemm kernel with bf16 activations.
-    q4_0-gguf: the symmetric GPTQ at group 32 written as llama.cpp's Q4_0 blocks
-    in a GGUF (metadata, tokenizer and chat template from llama.cpp's converter;
-    the tied embedding Q8_0), checked in llama.cpp (OUT: model.gguf,
-    quantization_report.json, gguf_check.json).
-    All are calibrated on real text (params.yaml: calibration, quantize) and
-    checked in their real engine before OUT is published. A vLLM path's OUT
-    holds the weights, config, tokenizer, quantization_report.json and
-    engine_check.json.
+{paths_built}
 
-    examples: edgepath quantize --model build/model/hf --path w4a8-gptq --out build/weights/w4a8-gptq
-              edgepath quantize --model build/model/model.json --path w4a16-tinygemm \\
-                  --out build/weights/w4a16-tinygemm""", _arguments, _cmd)
+    Each is calibrated on real text (params.yaml: calibration, quantize) and checked
+    in its real engine before OUT is published. OUT holds the artifact (a vLLM
+    checkpoint's weights, config and tokenizer, or a GGUF), quantization_report.json
+    and the engine's check record.
+
+    example:  edgepath quantize --model build/model/model.json --path {first} --out build/weights/{first}"""
+
+
+COMMAND = Command("quantize", "write a weight path's 4-bit checkpoint", _help(), _arguments, _cmd)

@@ -14,7 +14,7 @@ from typing import Any
 from ..core.command import Command
 from ..core.errors import EdgepathError
 from ..rules.profile import HardwareProfile
-from ..rules.select import AUTO, ENGINES, PHONE_MIN_TOP1, WeightPath, select_weight_path
+from ..rules.select import AUTO, ENGINES, RULES, WeightPath, select_weight_path
 
 
 def selection_record(
@@ -81,16 +81,9 @@ def _arguments(p: argparse.ArgumentParser) -> None:
 COMMAND = Command("select", "choose a device's weight path", f"""\
     Choose the weight path for a device profile, with the reason.
 
-    In vLLM, x86 CPUs with AMX, or with AVX512-VNNI and AVX512-BF16, get
-    w4a8-gptq (GPTQ, vLLM's int4 x int8 kernel) for speed; other x86 CPUs,
-    priority 'fidelity' and Arm CPUs get w4a16-tinygemm; a phone gets an
-    ExecuTorch export (w8a16-qnn with a Qualcomm NPU, otherwise w4a8-xnnpack
-    for speed where its measured top-1 against fp32 reaches {PHONE_MIN_TOP1:.2f},
-    w8a8-xnnpack for fidelity); CUDA GPUs run bf16 (fp16 without bf16). With
-    --engine llama.cpp a CPU or a phone gets q4_0-gguf; with --engine auto (the
-    default) a CPU gets whichever of its vLLM path and q4_0-gguf measured better
-    for the priority on its CPU tier, the figures cited in the rationale. --model
-    fixes the group size from the model's layer shapes; --out writes the
+{RULES}
+
+    --model fixes the group size from the model's layer shapes; --out writes the
     selection record the manifest reads.
 
     examples: edgepath select --profile profiles/x86-avx2.json

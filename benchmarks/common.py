@@ -1,0 +1,80 @@
+"""What every benchmark of the suite shares: where the project and its results are,
+the host and load record each result names, the summary of repeated samples, and
+the writers of the JSON and CSV records (``dvc plots`` draws the CSVs)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from edgepath.scoring.stats import spread
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+
+__all__ = ["RESULTS", "ROOT", "held_out_prompts", "host", "load", "spread", "today", "write_csv", "write_json"]
+
+
+def load() -> list[float]:
+    """The host's load averages (1, 5, 15 min): a result taken on a busy host says so."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def host() -> dict[str, Any]:
+    """The host a result was measured on: its probed profile (CPU tier included) and load."""
+    from edgepath.stages.probe import probe
+
+    return {**probe().summary(), "loadavg": load(), "cpus": os.cpu_count()}
+
+
+def today() -> str:
+    return time.strftime("%Y-%m-%d")
+
+
+def write_json(path: str | os.PathLike, record: Mapping[str, Any]) -> Path:
+    """``record`` as indented JSON at ``path``, replaced whole (written beside, then renamed)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(json.dumps(record, indent=2) + "\n")
+    os.replace(partial, path)
+    return path
+
+
+def write_csv(path: str | os.PathLike, rows: Iterable[Mapping[str, Any]]) -> Path:
+    """``rows`` (one dict each, the first one's keys as the header) as CSV at ``path``,
+    replaced whole."""
+    rows = list(rows)
+    text = io.StringIO()
+    if rows:
+        writer = csv.DictWriter(text, fieldnames=list(rows[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(text.getvalue())
+    os.replace(partial, path)
+    return path
+
+
+def held_out_prompts(model: Path, count: int, tokens: int) -> list[list[int]]:
+    """``count`` prompts of ``tokens`` token ids each: the held-out windows every
+    benchmark scores (``calibration.held_out_genres``), the genres taken in turn."""
+    from transformers import AutoTokenizer
+
+    from edgepath.rules import fleet
+    from edgepath.text import calibration
+
+    tokenizer = AutoTokenizer.from_pretrained(model, local_files_only=True)
+    text = fleet.calibration(str(ROOT / "params.yaml"))
+    sets = calibration.held_out_genres(tokenizer, calibration.load_corpus(text.corpus, list(text.holdout)),
+                                       count, tokens)
+    return [window for row in zip(*(s.tolist() for s in sets.values())) for window in row][:count]
+
