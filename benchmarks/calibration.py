@@ -30,16 +30,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import csv
 import dataclasses
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from .common import ROOT
+from .common import ROOT, host, today, write_csv, write_json
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,15 +220,8 @@ def _save(results: Path, meta: dict, rows: list[dict]) -> list[dict]:
     earlier = json.loads(record.read_text())["rows"] if record.is_file() else []
     names = {r["arm"] for r in rows}
     rows = [*[r for r in earlier if r["arm"] not in names], *rows]
-    columns = list(dict.fromkeys(k for r in rows for k in r))
-    with tempfile.NamedTemporaryFile("w", dir=results, delete=False, suffix=".tmp") as f:
-        json.dump({"meta": meta, "rows": rows}, f, indent=2)
-    os.replace(f.name, record)
-    with tempfile.NamedTemporaryFile("w", dir=results, delete=False, suffix=".tmp", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows(rows)
-    os.replace(f.name, results / "calibration.csv")
+    write_json(record, {"meta": meta, "rows": rows})
+    write_csv(results / "calibration.csv", rows)
     return rows
 
 
@@ -252,7 +243,6 @@ def main() -> None:
     from edgepath.quant.gptq import grid
     from edgepath.quant.sequential import quantize_model
     from edgepath.rules import shapes, weight_paths
-    from edgepath.stages.probe import probe
     from edgepath.text import calibration
 
     torch.manual_seed(0)
@@ -270,8 +260,8 @@ def main() -> None:
     linears = {n.removesuffix(".weight"): s for n, s in
                shapes.block_linears({n: tuple(p.shape) for n, p in base.named_parameters()}).items()}
 
-    meta = {"command": "python benchmarks/" + Path(__file__).name + " " + " ".join(sys.argv[1:]),
-            "date": time.strftime("%Y-%m-%d"), "host": probe().summary(),
+    meta = {"command": f"python -m {__spec__.name} " + " ".join(sys.argv[1:]),
+            "date": today(), "host": host(),
             "windows_per_genre": args.windows, "length": args.length,
             "held_out": calibration.held_out_record(mix)}
     rows = [_row("bf16", reference, reference)]

@@ -48,12 +48,13 @@ def write_json(path: str | os.PathLike, record: Mapping[str, Any]) -> Path:
 
 
 def write_csv(path: str | os.PathLike, rows: Iterable[Mapping[str, Any]]) -> Path:
-    """``rows`` (one dict each, the first one's keys as the header) as CSV at ``path``,
-    replaced whole."""
+    """``rows`` (one dict each; the header is every key, in the order the rows first
+    name them, a row without one leaving it empty) as CSV at ``path``, replaced whole."""
     rows = list(rows)
     text = io.StringIO()
     if rows:
-        writer = csv.DictWriter(text, fieldnames=list(rows[0]), lineterminator="\n")
+        writer = csv.DictWriter(text, fieldnames=list(dict.fromkeys(k for r in rows for k in r)),
+                                lineterminator="\n")
         writer.writeheader()
         writer.writerows(rows)
     path = Path(path)

@@ -24,10 +24,9 @@ import json
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from .common import ROOT
+from .common import ROOT, host, today
 
 # name -> (matrices at Q8_0, in which layers); "q4_0" is the build as written.
 CANDIDATES = {
@@ -59,7 +58,6 @@ def main() -> None:
     from edgepath.formats import gguf_file
     from edgepath.paths import gguf as gguf_path
     from edgepath.scoring.evaluate import perplexity
-    from edgepath.stages.probe import probe
     from edgepath.text import calibration
 
     threads = os.cpu_count() or 1
@@ -92,8 +90,8 @@ def main() -> None:
               f"mean {rows[-1]['mean_increase_pct']:+.2f} %", file=sys.stderr, flush=True)
         del model
 
-    meta = {"command": "python benchmarks/" + Path(__file__).name + " " + " ".join(sys.argv[1:]),
-            "date": time.strftime("%Y-%m-%d"), "host": probe().summary(), "gguf": str(args.gguf),
+    meta = {"command": f"python -m {__spec__.name} " + " ".join(sys.argv[1:]),
+            "date": today(), "host": host(), "gguf": str(args.gguf),
             "windows_per_genre": args.windows, "length": args.length}
     results = Path(args.results)
     with tempfile.NamedTemporaryFile("w", dir=results, delete=False, suffix=".tmp") as f:

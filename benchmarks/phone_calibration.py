@@ -22,8 +22,6 @@ and the others from these figures. Results: benchmarks/results/phone.{md,json,cs
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import subprocess
 import sys
 import time
@@ -32,7 +30,7 @@ from pathlib import Path
 from edgepath.core import records
 from edgepath.stages import export
 
-from .common import ROOT
+from .common import ROOT, host, today, write_csv, write_json
 
 
 def main() -> None:
@@ -80,16 +78,14 @@ def main() -> None:
         del converted
 
     results = Path(args.results)
-    record = {"command": "python benchmarks/phone_calibration.py", "date": time.strftime("%Y-%m-%d"),
+    record = {"command": "python -m benchmarks.phone_calibration", "date": today(), "host": host(),
               "soc": s.soc, "window": s.window, "held_out": {"documents": list(settings.holdout),
                                                               "windows": s.parity_windows, "length": s.window},
               "calibration": real.record,
               "versions": records.versions("torch", "transformers", "executorch", "torchao"), "variants": rows}
-    (results / "phone.json").write_text(json.dumps(record, indent=2) + "\n")
-    with open(results / "phone.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["variant", "top1_agreement", "kl_nats", "logit_sqnr_db"])
-        writer.writeheader()
-        writer.writerows({k: r[k] for k in writer.fieldnames} for r in rows)
+    write_json(results / "phone.json", record)
+    write_csv(results / "phone.csv", ({k: r[k] for k in ("variant", "top1_agreement", "kl_nats", "logit_sqnr_db")}
+                                      for r in rows))
     print("\n| variant | top-1 vs fp32 | KL (nats) | logit SQNR (dB) | passes the gate |\n|---|---|---|---|---|")
     for r in rows:
         gate = r["top1_agreement"] >= s.min_top1 and (r["logit_sqnr_db"] or 0) >= s.min_sqnr_db

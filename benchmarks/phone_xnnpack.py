@@ -27,9 +27,7 @@ to stdout.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import time
 from pathlib import Path
 
 from edgepath.core import records
@@ -38,7 +36,7 @@ from edgepath.rules.weight_paths import XNNPACK_GROUP_SIZE
 from edgepath.scoring.stats import spread
 from edgepath.stages import export
 
-from .common import ROOT
+from .common import ROOT, host, today, write_csv, write_json
 
 CHECK_TOKENS = 256
 DECODE_TOKENS = 64
@@ -114,7 +112,6 @@ def main() -> None:
 
     from edgepath.engines import executorch_runtime
     from edgepath.phone import graph
-    from edgepath.stages.probe import probe
     from edgepath.text import calibration
     from edgepath.text.prompts import fixed_prompt_ids
 
@@ -160,24 +157,23 @@ def main() -> None:
                                           for key in ("decode_tok_s", "prefill_tok_s")}
     rows = _parts(model_dir, genres, fp32) if args.parts else None
 
-    command = "python benchmarks/phone_xnnpack.py" + "".join(f" --pte {pte}" for pte in args.pte)
+    command = "python -m benchmarks.phone_xnnpack" + "".join(f" --pte {pte}" for pte in args.pte)
     command += f" --baseline-pte {args.baseline_pte}" if args.baseline_pte else ""
     command += " --parts" if args.parts else ""
-    record = {"command": command, "date": time.strftime("%Y-%m-%d"), "host": probe().summary(),
+    record = {"command": command, "date": today(), "host": host(),
               "threads": x.threads, "held_out": {"genres": sorted(genres), "tokens_per_genre": CHECK_TOKENS},
               "decode_tokens": DECODE_TOKENS, "prefill_tokens": PREFILL_TOKENS, "rounds": ROUNDS,
               "versions": records.versions("torch", "transformers", "executorch", "torchao"), "programs": results,
               "parts_against_fp32": rows}
-    (MEASURED / "phone_xnnpack.json").write_text(json.dumps(record, indent=2) + "\n")
-    csv = ["program,top1_vs_fp32,worst_genre_top1,decode_tok_s,prefill_tok_s"]
-    for name, r in results.items():
-        fidelity = r["fidelity_against_fp32"]
-        csv.append(f"{name},{fidelity['top1_agreement']},{fidelity['worst']['top1_agreement']},"
-                   f"{r['decode_tok_s']['median']},{r['prefill_tok_s']['median']}")
-    (Path(args.results) / "phone_xnnpack.csv").write_text("\n".join(csv) + "\n")
+    write_json(MEASURED / "phone_xnnpack.json", record)
+    write_csv(Path(args.results) / "phone_xnnpack.csv", (
+        {"program": name, "top1_vs_fp32": r["fidelity_against_fp32"]["top1_agreement"],
+         "worst_genre_top1": r["fidelity_against_fp32"]["worst"]["top1_agreement"],
+         "decode_tok_s": r["decode_tok_s"]["median"], "prefill_tok_s": r["prefill_tok_s"]["median"]}
+        for name, r in results.items()))
 
-    host = record["host"]
-    print(f"\nhost {host['cpu_model']}, kernel ISA tier {host['kernel_isa']}, {x.threads} threads\n")
+    on = record["host"]
+    print(f"\nhost {on['cpu_model']}, kernel ISA tier {on['kernel_isa']}, {x.threads} threads\n")
     print("| program | size MB | top-1 vs fp32 | worst genre | KL (nats) | decode tok/s | prefill tok/s |")
     print("|---|---|---|---|---|---|---|")
     for name, r in results.items():

@@ -27,7 +27,6 @@ host's load average before and after each part.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import statistics
@@ -35,15 +34,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from .common import ROOT
+from .common import ROOT, host, load, today, write_csv, write_json
 
 PARTS = ("gemm", "head-gate", "starts", "engines")
 # SmolLM2-135M's quantized layers as vLLM runs them: qkv, o, gate/up, down, head.
 LAYERS = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "lm_head": (49152, 576)}
-
-
-def _load() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 def _summary(samples: list[float]) -> dict[str, float]:
@@ -238,12 +233,12 @@ def main() -> None:
 
     results = Path(args.results)
     previous = json.loads((results / "plugin.json").read_text()) if (results / "plugin.json").is_file() else {}
-    record = {"command": "python benchmarks/plugin.py" + "".join(f" --only {p}" for p in args.only or []),
-              "date": time.strftime("%Y-%m-%d"), "cpu": _cpu(), "threads": os.environ["OMP_NUM_THREADS"],
+    record = {"command": "python -m benchmarks.plugin" + "".join(f" --only {p}" for p in args.only or []),
+              "date": today(), "host": host(), "threads": os.environ["OMP_NUM_THREADS"],
               "parts": previous.get("parts", {})}
     with tempfile.TemporaryDirectory(prefix="edgepath-bench-") as work:
         for part in parts:
-            before = _load()
+            before = load()
             if part == "gemm":
                 rows = bench_gemm()
             elif part == "head-gate":
@@ -252,7 +247,7 @@ def main() -> None:
                 rows = bench_starts(checkpoint, Path(work), args.passes)
             else:
                 rows = bench_engines(checkpoint, bf16, Path(work), args.passes)
-            record["parts"][part] = {"rows": rows, "load_before": before, "load_after": _load(),
+            record["parts"][part] = {"rows": rows, "load_before": before, "load_after": load(),
                                      "date": record["date"]}
             _write(record, results)  # after every part: a later part's failure keeps the earlier ones
     if "engines" in record["parts"]:
@@ -262,22 +257,11 @@ def main() -> None:
                   f"prefill {r['prefill_tok_s']} tok/s ({r['prefill_vs_bf16']}x bf16)")
     _write(record, results)
     if "engines_summary" in record:
-        with open(results / "plugin.csv", "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(record["engines_summary"][0]))
-            writer.writeheader()
-            writer.writerows(record["engines_summary"])
+        write_csv(results / "plugin.csv", record["engines_summary"])
 
 
 def _write(record: dict, results: Path) -> None:
-    results.mkdir(parents=True, exist_ok=True)
-    (results / "plugin.json").write_text(json.dumps(record, indent=2) + "\n")
-
-
-def _cpu() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
+    write_json(results / "plugin.json", record)
 
 
 if __name__ == "__main__":

@@ -16,15 +16,12 @@ Results go to benchmarks/results/quantize.{json,csv} (`dvc plots show`).
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from .common import ROOT
+from .common import ROOT, host, today, write_csv, write_json
 
 VARIANTS = (  # name, search, head
     ("gptq-plain", "none", "int4"),
@@ -116,16 +113,13 @@ def main() -> None:
 
     results = Path(args.results)
     results.mkdir(parents=True, exist_ok=True)
-    meta = {"command": "python benchmarks/quantize.py" + (
+    meta = {"command": "python -m benchmarks.quantize" + (
                 "" if (args.samples, args.length) == (128, 256) else f" --samples {args.samples} --length {args.length}"),
-            "date": time.strftime("%Y-%m-%d"), "load_average": os.getloadavg(), "cpus": os.cpu_count(),
+            "date": today(), "host": host(),
             "calibration": first["calibration"], "versions": first["versions"]}
-    (results / "quantize.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
-    with open(results / "quantize.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows(rows)
-    print(f"\nresults -> {results}/quantize.json, quantize.csv (load average {meta['load_average']})")
+    write_json(results / "quantize.json", {"meta": meta, "rows": rows})
+    write_csv(results / "quantize.csv", rows)
+    print(f"\nresults -> {results}/quantize.json, quantize.csv (load average {meta['host']['loadavg']})")
 
 
 if __name__ == "__main__":

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import statistics
 import sys
@@ -54,7 +53,7 @@ from edgepath.rules import weight_paths
 from edgepath.stages.benchmark import alone, read_bandwidth
 from edgepath.stages.probe import probe
 
-from .common import ROOT
+from .common import ROOT, today, write_csv, write_json
 
 LEVELS = (1, 4, 16)
 CONTROL_FILES = {"llama-server Q4_K_M": "model-q4_k_m.gguf", "llama-server Q4_0": "model-q4_0.gguf"}
@@ -172,19 +171,18 @@ def main() -> None:
                             "step_bytes": step_bytes, "bandwidth_share": round(step_bytes * decode / bandwidth, 3)}
         for b in batch1.values():
             b["decode_vs_q4_k_m"] = round(b["decode_tok_s"] / batch1[BASELINE]["decode_tok_s"], 2)
-    record = {"command": "python -m benchmarks.serving " + " ".join(sys.argv[1:]), "date": time.strftime("%Y-%m-%d"),
+    record = {"command": "python -m benchmarks.serving " + " ".join(sys.argv[1:]), "date": today(),
               "host": host, "bandwidth_gb_s": round(bandwidth / 1e9, 1),
               "settings": {"levels": args.levels, "rounds": args.rounds, "prompt_tokens": args.prompt_tokens,
                            "new_tokens": args.new_tokens, "slots": parallel, "context": context},
               "servers": {name: {"argv": [Path(a).name if i == 0 else a for i, a in enumerate(servers[name].argv)],
                                  "start_s": round(servers[name].start_s, 1)} for name in servers},
               "batch1": batch1, "rows": rows}
-    atomic.write_text(args.out, json.dumps(record, indent=2))
+    write_json(args.out, record)
     header = ["arm", "streams", "tok_s", "vs_q4_k_m", "vs_one_stream", "ttft_p50_ms", "ttft_p95_ms"]
     # one category per arm and level: dvc's bar templates draw one bar per category
-    atomic.write_text(args.out.with_suffix(".csv"), "\n".join(
-        [",".join(["arm_streams", *header])]
-        + [",".join([f"{r['arm']} x{r['streams']}", *(str(r[k]) for k in header)]) for r in rows]) + "\n")
+    write_csv(args.out.with_suffix(".csv"),
+              ({"arm_streams": f"{r['arm']} x{r['streams']}", **{k: r[k] for k in header}} for r in rows))
     table = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     table += ["| " + " | ".join(str(r[k]) for k in header) + " |" for r in rows]
     if batch1:

@@ -47,7 +47,7 @@ from edgepath.scoring.stats import spread
 from edgepath.stages.benchmark import alone
 
 from .builds import DECODE_STEPS, step_breakdown
-from .common import ROOT, held_out_prompts
+from .common import ROOT, held_out_prompts, host, today, write_csv, write_json
 
 PROMPT_TOKENS = 128
 
@@ -228,7 +228,6 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "step_cost.json")
     args = parser.parse_args()
 
-    from edgepath.stages.probe import probe
 
     spec = weight_paths.get(args.path)
     model = args.model if spec.quantization is None else args.weights / args.path
@@ -241,18 +240,17 @@ def main() -> None:
     per_group = max(1, args.group - 1)
     groups = [measure_group(levers[i:i + per_group], spec, model, vocab, prompts, args)
               for i in range(0, max(1, len(levers)), per_group)]
-    record = {"command": "python benchmarks/step_cost.py " + " ".join(sys.argv[1:]), "date": time.strftime("%Y-%m-%d"),
-              "host": probe().summary(), "path": args.path, "levers": ["default", *levers], "skipped": skipped,
+    record = {"command": "python -m benchmarks.step_cost " + " ".join(sys.argv[1:]), "date": today(),
+              "host": host(), "path": args.path, "levers": ["default", *levers], "skipped": skipped,
               "settings": {k: getattr(args, k) for k in ("rounds", "new_tokens", "batch", "batch_tokens", "group")},
               "groups": groups}
-    atomic.write_text(args.out, json.dumps(record, indent=2))
+    write_json(args.out, record)
     # one row per lever (a lever's group's default as its baseline): dvc's bar template
-    header = ["lever", "decode_speedup", "prefill_speedup", "batch_speedup", "decode_ms"]
-    atomic.write_text(args.out.with_suffix(".csv"), "\n".join(
-        [",".join(header)]
-        + [f"{name if g == 0 or name != 'default' else f'default ({g + 1})'},{r['decode_speedup']},"
-           f"{r['prefill_speedup']},{r['batch_speedup']},{r['decode_ms']['median']}"
-           for g, group in enumerate(groups) for name, r in group.items()]) + "\n")
+    write_csv(args.out.with_suffix(".csv"), (
+        {"lever": name if g == 0 or name != "default" else f"default ({g + 1})", "decode_speedup": r["decode_speedup"],
+         "prefill_speedup": r["prefill_speedup"], "batch_speedup": r["batch_speedup"],
+         "decode_ms": r["decode_ms"]["median"]}
+        for g, group in enumerate(groups) for name, r in group.items()))
     markdown = _markdown(record)
     atomic.write_text(args.out.with_suffix(".md"), markdown)
     print(markdown)
