@@ -433,7 +433,7 @@ from vllm.utils.argparse_utils import FlexibleArgumentParser
 parser = FlexibleArgumentParser()
 add_cli_args(parser)
 result = main(parser.parse_args(sys.argv[1:]))
-print(json.dumps({k: float(v) for k, v in result.items() if k in ("completed", "total_output_tokens", "p50_ttft_ms")}))
+print(json.dumps({k: float(v) for k, v in result.items() if k in ("completed", "failed", "p50_ttft_ms")}))
 """
 
 
@@ -468,7 +468,9 @@ def test_a_pulled_build_serves_the_engines_own_greedy_answer(project, tmp_path):
         prompt, answer, finish = _served_answer(server, tag)
         # the serving benchmark's smallest regime on the same server: two streams at once
         streams = _bench_serve(server.url, tag, project[0] / "build" / "model" / "hf", 2, 8)
-    assert streams["completed"] == 2 and streams["total_output_tokens"] == 16 and streams["p50_ttft_ms"] > 0
+    # (its token count is not the server's: it re-tokenizes llama-server's text, reading the
+    # usage only from a chunk without choices, and llama-server's last chunk carries both)
+    assert (streams["completed"], streams["failed"]) == (2, 0) and streams["p50_ttft_ms"] > 0
     assert len(answer) == 24 or finish == "stop", (answer, finish)
     assert len(answer) >= 4 and len(prompt) > len(_QUESTION[0]["content"].split())
     gguf = next(clone / "build" / f["name"] for f in build.files if f["name"].endswith(".gguf"))
