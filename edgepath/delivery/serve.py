@@ -125,7 +125,7 @@ def plan(directory: str | os.PathLike, host: str, port: int, parallel: int, cont
     build = read_build(directory)
     spec = weight_paths.get(build.path)
     check_files(build)
-    model = paths.of(spec).served_model(build, probe())
+    model = paths.of(spec).served_model(build, probe)
     argv, env = server_command(spec, model, build.tag, host, port, parallel, context, engine_args)
     return build, argv, env
 

@@ -136,7 +136,8 @@ class WeightPath:
     # ------------------------------------------------------------ serve
     def served_model(self, build, host) -> Path:
         """The file or folder of a pulled ``build`` (``delivery.serve.Build``) its server
-        loads, refused where ``host`` (this machine's profile) cannot run it."""
+        loads, refused where this machine cannot run it; ``host()`` probes its profile
+        (called only by a family whose kernel depends on the CPU)."""
         raise self._not_for("server")
 
     def server_command(self, model: Path, name: str, host: str, port: int, parallel: int, context: int,

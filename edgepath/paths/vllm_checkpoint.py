@@ -113,10 +113,10 @@ def quant_method(checkpoint: str | Path) -> str:
     return method
 
 
-def why_not_runnable_here(quant_method: str, w4a8: bool, host: HardwareProfile) -> str | None:
+def why_not_runnable_here(quant_method: str, w4a8: bool, host: HardwareProfile | None) -> str | None:
     """Why this host cannot run ``quant_method`` checkpoints in this activation mode, or
     None when it can: its CPU (``coverage.w4a8_unsupported``; ``host``, this machine's
-    profile), then the kernels of the vLLM build it loads. The engine check,
+    profile, needed for W4A8 only), then the kernels of the vLLM build it loads. The engine check,
     patch-verify and ``edgepath serve`` all ask this one question."""
     from ..engines.vllm_cpu import missing_kernel
 
@@ -558,12 +558,13 @@ class VllmCheckpointPath(WeightPath):
         return Arm(name or self.spec.name, role, self.engine.value, artifact, self.spec.quantization,
                    tuple(sorted(self.spec.process_env().items())), round(total * 8 / parameters, 3), per_token)
 
-    def served_model(self, build, host: HardwareProfile) -> Path:
+    def served_model(self, build, host) -> Path:
         """The checkpoint's folder, refused where this host has not the path's kernel
         (checked before the server starts: a missing kernel would fail minutes into
         vLLM's start, or fault)."""
         model = one_file(build, "checkpoint folders (config.json)", lambda n: Path(n).name == "config.json").parent
-        why = why_not_runnable_here(self.spec.quantization, self.spec.w4a8, host)
+        # the host is probed only where the kernel depends on its CPU (W4A8)
+        why = why_not_runnable_here(self.spec.quantization, self.spec.w4a8, host() if self.spec.w4a8 else None)
         if why:
             raise EdgepathError(f"{build.root}: {build.tag}'s build ({self.spec.name}) cannot run here: {why}")
         return model
