@@ -18,7 +18,8 @@ from edgepath.scoring.stats import spread
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 
-__all__ = ["RESULTS", "ROOT", "held_out_prompts", "host", "load", "spread", "today", "write_csv", "write_json"]
+__all__ = ["RESULTS", "ROOT", "held_out_prompts", "host", "load", "params_with", "spread", "stage", "today",
+           "write_csv", "write_json"]
 
 
 def load() -> list[float]:
@@ -62,6 +63,34 @@ def write_csv(path: str | os.PathLike, rows: Iterable[Mapping[str, Any]]) -> Pat
     partial = path.with_name(f".{path.name}.partial")
     partial.write_text(text.getvalue())
     os.replace(partial, path)
+    return path
+
+
+def stage(*args: str) -> tuple[float, int]:
+    """Run ``edgepath ARGS`` (a stage, in its own process); (wall seconds, the child's
+    peak RSS in bytes: ``wait4`` reports that child only). A failure stops the benchmark."""
+    import subprocess
+    import sys
+
+    cmd = [str(Path(sys.executable).parent / "edgepath"), *args]
+    started = time.monotonic()
+    child = subprocess.Popen(cmd)
+    _, status, usage = os.wait4(child.pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed")
+    return time.monotonic() - started, usage.ru_maxrss * 1024
+
+
+def params_with(path: Path, **namespaces: Mapping[str, Any]) -> Path:
+    """The project's params.yaml with ``namespaces``' keys replaced (one level deep:
+    ``calibration={"samples": 128}`` keeps the namespace's other keys), written to ``path``."""
+    import yaml
+
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    for name, values in namespaces.items():
+        params[name] = {**(params.get(name) or {}), **values}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(params, sort_keys=False))
     return path
 
 

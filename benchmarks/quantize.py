@@ -4,8 +4,9 @@
 
 For bf16 and each variant (plain symmetric GPTQ, GPTQ + weight-MSE scale
 search, GPTQ + output-error scale search with a 4-bit and with a bf16 head), it
-runs the real quantize stage (`edgepath quantize`, engine check included) in
-its own process and reports: the held-out perplexity increase over bf16
+runs the real calibrate stage once, then the real quantize stage (`edgepath
+quantize`, engine check included) per variant, each in its own process, and
+reports: the held-out perplexity increase over bf16
 (the quantize stage's: the mean over the held-out genres and the worst genre), how many of the 12 fixed prompts are reproduced token for token
 against bf16 over 64 greedy tokens and the mean identical leading tokens, in
 PyTorch on the dequantized weights and in vLLM's W4A8 kernel, the engine's
@@ -21,7 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .common import ROOT, host, today, write_csv, write_json
+from .common import ROOT, host, params_with, stage, today, write_csv, write_json
 
 VARIANTS = (  # name, search, head
     ("gptq-plain", "none", "int4"),
@@ -29,18 +30,6 @@ VARIANTS = (  # name, search, head
     ("gptq-output-error", "output-error", "int4"),
     ("gptq-output-error-bf16-head", "output-error", "bf16"),
 )
-
-
-def quantize(model_record: Path, out: Path, search: str, head: str, samples: int, length: int) -> int:
-    """Run the stage; returns the child's peak RSS in bytes (``wait4``: that child only)."""
-    cmd = [str(Path(sys.executable).parent / "edgepath"), "quantize", "--model", str(model_record),
-           "--path", "w4a8-gptq", "--out", str(out), "--search", search, "--head", head,
-           "--samples", str(samples), "--length", str(length), "--params", str(ROOT / "params.yaml")]
-    child = subprocess.Popen(cmd)
-    _, status, usage = os.wait4(child.pid, 0)
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed")
-    return usage.ru_maxrss * 1024
 
 
 def main() -> None:
@@ -56,10 +45,14 @@ def main() -> None:
         subprocess.run([str(Path(sys.executable).parent / "edgepath"), "model", "--out", str(model_record.parent)],
                        check=True)
     work = Path(args.work)
+    params = params_with(work / "params.yaml", calibration={"samples": args.samples, "length": args.length})
+    stage("calibrate", "--model", str(model_record), "--out", str(work / "calibration"), "--params", str(params))
     peaks = {}
     for name, search, head in VARIANTS:
         print(f"\n== {name}: quantize (search {search}, head {head}) ==", file=sys.stderr, flush=True)
-        peaks[name] = quantize(model_record, work / name, search, head, args.samples, args.length)
+        _, peaks[name] = stage("quantize", "--model", str(model_record), "--calibration", str(work / "calibration"),
+                               "--path", "w4a8-gptq", "--out", str(work / name), "--search", search, "--head", head,
+                               "--params", str(params))
 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

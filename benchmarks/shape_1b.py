@@ -99,7 +99,7 @@ def vllm_build(hf: Path, path: str, out: Path) -> None:
     from edgepath.formats.checkpoint import layer_format
     from edgepath.rules import shapes, weight_paths
     from edgepath.rules.weight_paths import Grid
-    from edgepath.stages import quantize
+    from edgepath.paths.vllm_checkpoint import quantization_config
 
     spec = weight_paths.get(path)
     with safe_open(str(hf / "model.safetensors"), "pt") as f:
@@ -120,7 +120,8 @@ def vllm_build(hf: Path, path: str, out: Path) -> None:
             progress("shape_1b", f"{path}: {i + 1}/{len(linears)} linears, {time.monotonic() - started:.0f} s")
     config = json.loads((hf / "config.json").read_text())
     config["tie_word_embeddings"] = False
-    config["quantization_config"] = quantize.quantization_config(spec, group, head="int4", damp=0.0)
+    # round to nearest: no GPTQ, so no calibration inputs of any kind
+    config["quantization_config"] = quantization_config(spec, group, head="int4", damp=0.0, true_sequential=False)
     scratch = out.with_name(out.name + ".partial")
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)

@@ -13,8 +13,8 @@ import argparse
 from . import __version__
 from .core import command
 from .delivery import container, images, pull, release, serve
-from .stages import (benchmark, bundle, control, engine_check, export, manifest, model, params, patch_verify, probe,
-                     quantize, select)
+from .stages import (benchmark, bundle, calibrate, control, engine_check, export, manifest, model, params,
+                     patch_verify, probe, quantize, select)
 
 _DESCRIPTION = """\
 edgepath builds, for every device of a fleet, the fastest faithful build of one
@@ -22,9 +22,9 @@ language model it can run, and a manifest that says which weight path each
 device gets and why. `dvc repro` runs the stages below for every target in
 params.yaml; each stage is also a command of its own."""
 
-STAGES = (params.COMMAND, model.COMMAND, probe.COMMAND, select.COMMAND, quantize.COMMAND, engine_check.COMMAND,
-          patch_verify.COMMAND, control.COMMAND, export.COMMAND, benchmark.COMMAND, manifest.COMMAND,
-          bundle.COMMAND)
+STAGES = (params.COMMAND, model.COMMAND, probe.COMMAND, select.COMMAND, calibrate.COMMAND, quantize.COMMAND,
+          engine_check.COMMAND, patch_verify.COMMAND, control.COMMAND, export.COMMAND, benchmark.COMMAND,
+          manifest.COMMAND, bundle.COMMAND)
 """The pipeline's commands, in pipeline order: `edgepath run` runs any of them."""
 AROUND = (images.COMMAND, container.run_command(STAGES), *pull.COMMANDS, serve.COMMAND, release.COMMAND)
 """The commands around the stages: images, containers, remotes, versions."""

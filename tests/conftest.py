@@ -95,17 +95,27 @@ def edgepath_command(*args: str, check: bool = True) -> "subprocess.CompletedPro
 
 
 @pytest.fixture(scope="session")
-def w4a8_checkpoint(default_model, tmp_path_factory) -> Path:
-    """The real quantize stage (GPTQ, output-error search, engine check in vLLM) on
-    the default model, run once per test session."""
+def shared_calibration(default_model, tmp_path_factory) -> tuple[Path, Path]:
+    """The real calibrate stage on the default model with ``SMALL_QUANTIZE``, run once
+    per test session: (its output directory, the params file)."""
     import yaml
 
-    work = tmp_path_factory.mktemp("w4a8")
+    work = tmp_path_factory.mktemp("calibration")
     params = work / "params.yaml"
     params.write_text(yaml.safe_dump(SMALL_QUANTIZE))
-    out = work / "w4a8-gptq"
-    edgepath_command("quantize", "--model", str(default_model / "model.json"), "--path", "w4a8-gptq",
-                     "--out", str(out), "--params", str(params))
+    edgepath_command("calibrate", "--model", str(default_model / "model.json"), "--out", str(work / "out"),
+                     "--params", str(params))
+    return work / "out", params
+
+
+@pytest.fixture(scope="session")
+def w4a8_checkpoint(default_model, shared_calibration, tmp_path_factory) -> Path:
+    """The real quantize stage (GPTQ, output-error search, engine check in vLLM) on
+    the default model, run once per test session."""
+    calibrated, params = shared_calibration
+    out = tmp_path_factory.mktemp("w4a8") / "w4a8-gptq"
+    edgepath_command("quantize", "--model", str(default_model / "model.json"), "--calibration", str(calibrated),
+                     "--path", "w4a8-gptq", "--out", str(out), "--params", str(params))
     return out
 
 

@@ -21,7 +21,7 @@ def edgepath(*args, cwd=ROOT, check=True):
     return done
 
 
-@pytest.mark.parametrize("command", [[], ["model"], ["probe"], ["select"], ["quantize"], ["check"],
+@pytest.mark.parametrize("command", [[], ["model"], ["probe"], ["select"], ["calibrate"], ["quantize"], ["check"],
                                      ["patch-verify"], ["control"], ["benchmark"], ["manifest"], ["manifest", "show"],
                                      ["manifest", "build"], ["images"], ["images", "plan"], ["images", "bake"], ["run"],
                                      ["bundle"], ["pull"], ["ls"], ["release"]])
@@ -64,8 +64,8 @@ def test_a_bad_params_file_is_one_line_naming_the_key(tmp_path):
     assert done.stderr == (f"edgepath probe: error: {tmp_path / 'params.yaml'}: quantize.gptq.damp: "
                            f"'x' is not of type 'number'\n")
     # a flag is checked like the key it overrides, before anything is loaded
-    done = edgepath("quantize", "--model", tmp_path / "none", "--path", "w4a8-gptq", "--out", tmp_path / "w",
-                    "--params", tmp_path / "missing.yaml", "--search", "magic", check=False)
+    done = edgepath("quantize", "--model", tmp_path / "none", "--calibration", tmp_path / "none", "--path",
+                    "w4a8-gptq", "--out", tmp_path / "w", "--params", tmp_path / "missing.yaml", "--search", "magic", check=False)
     assert done.returncode == 2 and "quantize.gptq.search: 'magic' is not one of" in done.stderr
     assert len(done.stderr.splitlines()) == 1
 
@@ -102,8 +102,8 @@ def test_the_cli_composes_each_stage_module_command():
 
     names = [c.name for c in cli.COMMANDS]
     assert len(names) == len(set(names))
-    assert names[:len(cli.STAGES)] == ["params", "model", "probe", "select", "quantize", "check", "patch-verify", "control",
-                                       "export", "benchmark", "manifest", "bundle"]
+    assert names[:len(cli.STAGES)] == ["params", "model", "probe", "select", "calibrate", "quantize", "check",
+                                       "patch-verify", "control", "export", "benchmark", "manifest", "bundle"]
     assert {"images", "run", "pull", "ls", "release"} <= set(names)
     for c in cli.COMMANDS:  # each also stands alone, as its stage script runs it
         assert c.parser().prog == f"edgepath {c.name}"

@@ -44,7 +44,19 @@ def _params(directory: Path, **overrides) -> Path:
 
 
 @pytest.fixture(scope="session")
-def exported(random_llama, tmp_path_factory) -> dict[str, Path]:
+def calibrated(random_llama, tmp_path_factory) -> Path:
+    """The calibrate stage on the random model (``SMALL_CALIBRATION``): the Hessians the
+    4-bit program's GPTQ reads."""
+    work = tmp_path_factory.mktemp("calibration")
+    params = work / "params.yaml"
+    params.write_text(yaml.safe_dump({"calibration": SMALL_CALIBRATION, "quantize": {"eval": {"windows": 1,
+                                                                                               "length": 64}}}))
+    edgepath_command("calibrate", "--model", str(random_llama), "--params", str(params), "--out", str(work / "out"))
+    return work / "out"
+
+
+@pytest.fixture(scope="session")
+def exported(random_llama, calibrated, tmp_path_factory) -> dict[str, Path]:
     """Both paths exported once by the real CLI (``edgepath export``)."""
     work = tmp_path_factory.mktemp("exports")
     params = _params(work)
@@ -52,7 +64,7 @@ def exported(random_llama, tmp_path_factory) -> dict[str, Path]:
     for path in export.PATHS:
         out[path] = work / path
         edgepath_command("export", "--path", path, "--model", str(random_llama), "--params", str(params),
-                         "--out", str(out[path]))
+                         "--calibration", str(calibrated), "--out", str(out[path]))
     return out
 
 
@@ -167,32 +179,32 @@ def test_w8a8_xnnpack_pte_holds_8bit_weights_and_passes_both_gates(exported, ran
     assert len(program) > (exported["w4a8-xnnpack"] / "model.pte").stat().st_size
 
 
-def _eager_like_the_stage(random_llama):
-    """The random model quantized as the stage quantized it: the same calibration
-    windows, GPTQ settings and program layout."""
+def _eager_like_the_stage(random_llama, calibrated):
+    """The random model quantized as the stage quantized it: from the same Hessians,
+    with the same GPTQ settings and program layout."""
     from transformers import AutoTokenizer
 
+    from edgepath.core import records
     from edgepath.phone import graph, xnnpack
-    from edgepath.rules.fleet import Calibration, Gptq
-    from edgepath.text import calibration
+    from edgepath.rules.fleet import Gptq
+    from edgepath.stages.calibrate import SharedCalibration
 
     tokenizer = AutoTokenizer.from_pretrained(random_llama)
-    text = Calibration(**SMALL_CALIBRATION)
-    calib = calibration.calibration_set(tokenizer, calibration.load_corpus(text.corpus, []), text.samples,
-                                        text.length, text.chat_fraction, text.seed)
     model = graph.load_reference(random_llama)
+    shared = SharedCalibration(calibrated, records.read(calibrated / "calibration.json", "calibration")["model"][
+        "fingerprint"])
     gptq = Gptq()
-    layers = xnnpack.quantize_8da4w(model, calib.tokens, gptq.search, gptq.damp, gptq.group_order)
+    layers = xnnpack.quantize_8da4w(model, shared.hessians(), gptq.search, gptq.damp, gptq.group_order)
     return tokenizer, model, layers
 
 
-def test_xnnpack_pte_greedy_equals_the_eager_quantized_model(exported, random_llama):
+def test_xnnpack_pte_greedy_equals_the_eager_quantized_model(exported, random_llama, calibrated):
     """Independently of the stage: load the .pte in ExecuTorch's runtime and a freshly
     quantized eager model, and decode a chat prompt with both."""
     from edgepath.engines.executorch_runtime import PteDecoder
     from edgepath.text.prompts import chat_prompt_ids
 
-    tokenizer, model, layers = _eager_like_the_stage(random_llama)
+    tokenizer, model, layers = _eager_like_the_stage(random_llama, calibrated)
     # the 4-bit linears hold GPTQ's codes and scales unchanged; the rest is 8-bit
     assert set(layers) == {f"model.layers.{i}.{n}" for i in range(2)
                            for n in ("self_attn.q_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj",
@@ -255,7 +267,19 @@ def test_bad_settings_are_refused_before_any_work(random_llama, tmp_path, path, 
 def test_xnnpack_refuses_widths_its_group_does_not_divide():
     info = {"config": {"hidden_size": 48, "intermediate_size": 128}}
     with pytest.raises(EdgepathError, match=r"widths \[48\] are not multiples of XNNPACK's 4-bit weight group"):
-        export.check_path("w4a8-xnnpack", export.Settings(), info)
+        export.check_path("w4a8-xnnpack", export.Settings(), info, shared=None)
+
+
+def test_the_4bit_program_needs_the_calibrate_stages_output_of_its_own_model(random_llama, calibrated, tmp_path,
+                                                                               default_model):
+    params = _params(tmp_path)
+    done = edgepath_command("export", "--path", "w4a8-xnnpack", "--model", str(random_llama), "--params", str(params),
+                            "--out", str(tmp_path / "out"), check=False)
+    assert done.returncode == 2 and "reads the calibrate stage's Hessians: pass --calibration" in done.stderr
+    done = edgepath_command("export", "--path", "w4a8-xnnpack", "--model", str(default_model / "hf"), "--params",
+                            str(params), "--calibration", str(calibrated), "--out", str(tmp_path / "out"), check=False)
+    assert done.returncode == 2 and "calibrated another model" in done.stderr
+    assert not (tmp_path / "out").exists()
 
 
 def test_unknown_path_and_missing_tokenizer_are_refused(random_llama, tmp_path):

@@ -11,7 +11,7 @@ import yaml
 from edgepath.core import records
 from edgepath.core.errors import EdgepathError
 from edgepath.rules import fleet, select
-from edgepath.stages import benchmark, export, quantize
+from edgepath.stages import benchmark, calibrate, export, quantize
 
 from .conftest import ROOT
 
@@ -61,7 +61,7 @@ def _delete(data, dotted):
     (lambda d: _set(d, "quantize.gptq.dampening", 0.1),
      "params.yaml: quantize.gptq.dampening: unknown key (known: search, damp, group_order)"),
     (lambda d: _set(d, "quantize.calibration", {"corpus": "austen"}),
-     "params.yaml: quantize.calibration: unknown key (known: paths, head, w4a8_bf16_down_proj, gptq, eval)"),
+     "params.yaml: quantize.calibration: unknown key (known: paths, head, w4a8_bf16_down_proj, true_sequential, gptq, eval)"),
     (lambda d: _set(d, "quantise", {}), "params.yaml: quantise: unknown key (known: model, targets, calibration, "
                                         "quantize, export, control, benchmark, manifest)"),
     (lambda d: _set(d, "targets.host.prority", "speed"), "params.yaml: targets.host.prority: unknown key"),
@@ -119,20 +119,24 @@ def test_every_stage_reads_the_shipped_params_as_its_defaults():
     assert quantize.Settings.from_params(fleet.namespace(params, "quantize"),
                                          fleet.namespace(params, "calibration")) == quantize.Settings()
     assert export.Settings.from_file(params) == export.Settings()
+    assert calibrate.Settings.from_params(fleet.namespace(params, "calibration"),
+                                          fleet.namespace(params, "quantize")) == calibrate.Settings()
     assert benchmark.Settings.from_params(fleet.namespace(params, "benchmark")) == benchmark.Settings()
 
 
 def test_quantize_flags_override_params_and_are_checked_like_them():
     settings = quantize.Settings.from_params({"head": "int4", "gptq": {"damp": 0.1}}, {"samples": 64},
-                                             samples=8, length=32, search="none", head="bf16")
-    assert (settings.calibration.samples, settings.calibration.length, settings.search, settings.head,
-            settings.damp) == (8, 32, "none", "bf16", 0.1)
-    unchanged = quantize.Settings.from_params({}, {"samples": 64}, samples=None, search=None)
-    assert (unchanged.calibration.samples, unchanged.search) == (64, "output-error")
+                                             search="none", head="bf16")
+    assert (settings.calibration.samples, settings.search, settings.head, settings.damp) == (64, "none", "bf16", 0.1)
+    unchanged = quantize.Settings.from_params({"true_sequential": ["q4_0-gguf"]}, {"samples": 64}, search=None)
+    assert (unchanged.calibration.samples, unchanged.search, unchanged.true_sequential) == \
+        (64, "output-error", ("q4_0-gguf",))
     with pytest.raises(EdgepathError, match=r"^flags: quantize\.gptq\.search: 'magic' is not one of"):
         quantize.Settings.from_params({}, {}, where="flags", search="magic")
     with pytest.raises(EdgepathError, match=r"calibration\.samples: 0 is less than the minimum of 1"):
-        quantize.Settings.from_params({}, {}, samples=0)
+        quantize.Settings.from_params({}, {"samples": 0})
+    with pytest.raises(EdgepathError, match=r"quantize\.true_sequential\.0: 'w8a16-qnn' is not one of the paths"):
+        quantize.Settings.from_params({"true_sequential": ["w8a16-qnn"]}, {})
 
 
 # -- the schema and the code that reads the settings say the same ----------------------
@@ -151,9 +155,10 @@ def test_the_schema_names_every_setting_a_stage_has():
     assert set(_properties("export", "xnnpack")["properties"]) == {
         f.name for f in dataclasses.fields(export.XnnpackSettings)}
     quantize_keys = ({"calibration"} | set(_properties("quantize")["properties"]) - {"paths", "gptq", "eval"}
-                     | set(_properties("quantize", "gptq")["properties"])
-                     | {f"eval_{k}" for k in _properties("quantize", "eval")["properties"]})
+                     | set(_properties("quantize", "gptq")["properties"]))
     assert quantize_keys == {f.name for f in dataclasses.fields(quantize.Settings)}
+    assert ({"calibration"} | {f"eval_{k}" for k in _properties("quantize", "eval")["properties"]}
+            == {f.name for f in dataclasses.fields(calibrate.Settings)})
 
 
 def test_the_schema_choices_are_the_code_choices():
@@ -165,7 +170,7 @@ def test_the_schema_choices_are_the_code_choices():
     assert select.ENGINES[0] == fleet.AUTO == fleet.Target("t", "probe", "speed", "auto").engine
     assert _properties("quantize", "head")["enum"] == list(quantize.HEADS)
     assert _properties("quantize", "gptq", "search")["enum"] == list(quantize.SEARCH_NAMES)
-    assert set(quantize.OVERRIDES) == {"samples", "length", "search", "head"}
+    assert set(quantize.OVERRIDES) == {"search", "head"}
 
 
 def test_dvc_yaml_params_name_keys_of_params_yaml(shipped):

@@ -27,7 +27,7 @@ def test_repro_writes_a_valid_manifest_naming_every_target(pipeline):
     fleet = params["targets"]
     m = records.read(dest / "manifest.json", "manifest")
     assert [t["tag"] for t in m["targets"]] == list(fleet)
-    for stage in ("model", *(f"{s}@{tag}" for s in ("probe", "select") for tag in fleet),
+    for stage in ("model", "calibrate", *(f"{s}@{tag}" for s in ("probe", "select") for tag in fleet),
                   "quantize@w4a8-gptq", "quantize@w4a16-tinygemm", "quantize@q4_0-gguf", "patch_verify@w4a8-gptq",
                   "patch_verify@w4a16-tinygemm", "patch_verify@q4_0-gguf", "export@w8a16-qnn", "control", "benchmark",
                   "manifest"):

@@ -68,7 +68,8 @@ def test_hessian_accumulates_batches_like_one_pass():
     for batch in x:
         acc.add(batch)
     flat = x.reshape(-1, 16)
-    assert torch.allclose(acc.h, 2 / flat.shape[0] * flat.t() @ flat)
+    # each batch's product is fp32 (2^-24 relative), the running sum fp64
+    assert torch.allclose(acc.h, 2 / flat.shape[0] * flat.t() @ flat, rtol=1e-6, atol=1e-6)
 
 
 def test_group_aware_order_keeps_groups_whole_and_puts_important_ones_first():
@@ -174,6 +175,94 @@ def test_sequential_gptq_leaves_the_linears_it_is_told_to_keep(default_model, tm
     for name, param in model.named_parameters():
         unchanged = torch.equal(param, before[name])
         assert unchanged == (name.removesuffix(".weight") not in quantized), name
+
+
+def _tiny_model(default_model, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    tiny = write_tiny_llama(tmp_path / "tiny", default_model / "hf")
+    return lambda: AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval()
+
+
+def test_shared_hessians_are_the_unquantized_models_inputs(default_model, tmp_path):
+    from edgepath.quant.sequential import HEAD, SEQUENTIAL_GROUPS, input_hessians
+
+    model = _tiny_model(default_model, tmp_path)()
+    tokens = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(0))
+    layers = list(input_hessians(model, tokens, batch_size=3))  # batches of 3 and 1 rows
+    assert len(layers) == 2 and set(layers[1]) == {HEAD}
+    assert set(layers[0]) == {f"model.layers.0.{group[0]}" for group in SEQUENTIAL_GROUPS}
+    captured = {}
+    hooks = [model.get_submodule(key).register_forward_pre_hook(
+        lambda _m, args, key=key: captured.setdefault(key, args[0])) for key in layers[0]]
+    with torch.no_grad():
+        hidden = model(input_ids=tokens, output_hidden_states=True).hidden_states[-1]
+    for hook in hooks:
+        hook.remove()
+    # the last hidden state is already normed by the model; the head reads exactly that
+    captured[HEAD] = hidden
+    for key, h in {**layers[0], **layers[1]}.items():
+        x = captured[key].reshape(-1, captured[key].shape[-1]).double()
+        expected = 2 / x.shape[0] * x.t() @ x
+        # fp32 products: errors relative to the matrix's scale, not to each entry
+        assert (h - expected).abs().max() <= 1e-5 * expected.abs().max(), key
+
+
+def test_gptq_from_shared_hessians_quantizes_each_linear_from_its_groups_hessian_on_any_thread_count(
+        default_model, tmp_path):
+    from edgepath.quant.sequential import HEAD, input_hessians, quantize_from_hessians, shared_input
+
+    load = _tiny_model(default_model, tmp_path)
+    tokens = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(0))
+    layers = list(input_hessians(load(), tokens))
+    grid = SEARCHES[True]["output-error"]
+    keep = {"model.layers.0.mlp.down_proj"}
+    results = []
+    for workers in (1, 2):
+        model = load()
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        results.append(quantize_from_hessians(model, lambda i: layers[-1 if i is None else i], 32, grid, 0.01, True,
+                                              quantize_head=True, keep=keep, workers=workers))
+        assert not model.config.tie_word_embeddings  # the head untied: the embedding table stays exact
+        assert torch.equal(model.get_input_embeddings().weight, before["model.embed_tokens.weight"])
+        assert torch.equal(model.get_submodule("model.layers.0.mlp.down_proj").weight,
+                           before["model.layers.0.mlp.down_proj.weight"])
+    one, two = results
+    assert set(one) == {f"model.layers.0.{n}" for n in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                                        "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj")} | {HEAD}
+    original = load()
+    for prefix, q in one.items():
+        assert torch.equal(q.codes, two[prefix].codes) and torch.equal(q.scales, two[prefix].scales), prefix
+        weight = original.get_output_embeddings().weight if prefix == HEAD else original.get_submodule(prefix).weight
+        alone = quantize_layer(weight.data, layers[-1 if prefix == HEAD else 0][shared_input(prefix)], 32, grid,
+                               0.01, True)
+        assert torch.equal(q.codes, alone.codes), prefix
+
+
+def test_the_hessian_store_refuses_a_file_that_is_not_the_records(tmp_path):
+    from edgepath.quant import hessian_store
+
+    h = {"model.layers.0.self_attn.q_proj": torch.eye(4, dtype=torch.float64) * 2}
+    entries = [hessian_store.write(tmp_path, 0, h), hessian_store.write(tmp_path, None, {"lm_head": h[
+        "model.layers.0.self_attn.q_proj"]})]
+    store = hessian_store.HessianStore(tmp_path, entries)
+    assert torch.equal(store(0)["model.layers.0.self_attn.q_proj"], h["model.layers.0.self_attn.q_proj"])
+    with pytest.raises(EdgepathError, match="names no layer-001.safetensors: the model has more layers"):
+        store(1)
+    path = tmp_path / hessian_store.file_name(0)
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1  # one bit of one entry
+    path.write_bytes(bytes(data))
+    with pytest.raises(EdgepathError, match="layer-000.safetensors: its sha256 is not the one"):
+        store(0)
+    path.write_bytes(bytes(data[:-8]))  # truncated: refused before any layer is read
+    with pytest.raises(EdgepathError, match=r"layer-000.safetensors: \d+ bytes, not the \d+ the calibration record"):
+        hessian_store.HessianStore(tmp_path, entries)
+    data[-1] ^= 1
+    path.write_bytes(bytes(data))  # whole again
+    (tmp_path / hessian_store.HEAD_FILE).unlink()
+    with pytest.raises(EdgepathError, match="head.safetensors: missing"):
+        hessian_store.HessianStore(tmp_path, entries)
 
 
 def test_search_names_in_settings_match_the_algorithms():
@@ -296,23 +385,24 @@ def test_chat_calibration_without_a_chat_template_is_refused(tokenizer):
 def test_quantize_refuses_bad_input_up_front_and_writes_nothing(default_model, tmp_path):
     hf = default_model / "hf"
     out = tmp_path / "out"
+    calibrated = tmp_path / "calibration"  # each refusal comes before the calibration is read
     with pytest.raises(EdgepathError, match="not built by the quantize stage"):
-        quantize.run(hf, "bf16", out)
+        quantize.run(hf, "bf16", out, calibrated)
     odd = write_tiny_llama(tmp_path / "odd", hf, intermediate_size=72)
     with pytest.raises(EdgepathError, match=r"layer model\.layers\.0\.mlp\.(down|gate|up)_proj .*multiple of 32"):
-        quantize.run(odd, "w4a8-gptq", out)
+        quantize.run(odd, "w4a8-gptq", out, calibrated)
     narrow = write_tiny_llama(tmp_path / "narrow", hf, intermediate_size=40)
     with pytest.raises(EdgepathError, match=r"layer model\.layers\.0\.mlp\.\w+ .*tinygemm.*multiple of 16"):
-        quantize.run(narrow, "w4a16-tinygemm", out)
+        quantize.run(narrow, "w4a16-tinygemm", out, calibrated)
     corrupt = tmp_path / "corrupt"
     shutil.copytree(hf, corrupt)
     weights = corrupt / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: 1 << 20])  # truncated mid-tensor
     with pytest.raises(EdgepathError, match="model.safetensors"):
-        quantize.run(corrupt, "w4a8-gptq", out)
+        quantize.run(corrupt, "w4a8-gptq", out, calibrated)
     notok = tmp_path / "no-tokenizer"
     shutil.copytree(hf, notok)
     (notok / "tokenizer.json").unlink()
     with pytest.raises(EdgepathError, match="tokenizer"):
-        quantize.run(notok, "w4a8-gptq", out)
+        quantize.run(notok, "w4a8-gptq", out, calibrated)
     assert not out.exists() and not any(p.name.startswith(".out") for p in tmp_path.iterdir())

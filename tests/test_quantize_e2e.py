@@ -83,6 +83,55 @@ def test_report_records_calibration_storage_and_fidelity(w4a8_checkpoint):
     assert set(report["versions"]) >= {"edgepath", "torch", "transformers"}
 
 
+def test_the_calibrate_stage_records_what_every_path_reads(shared_calibration, w4a8_checkpoint, default_model):
+    calibrated, _ = shared_calibration
+    record = records.read(calibrated / "calibration.json", "calibration")
+    model = records.read(default_model / "model.json", "model")
+    assert record["model"]["fingerprint"] == model["fingerprint"]
+    # one file per decoder layer and the head's, each the sha256 it is read by
+    files = record["hessians"]["files"]
+    assert [f["name"] for f in files] == [f"layer-{i:03d}.safetensors" for i in range(30)] + ["head.safetensors"]
+    assert record["hessians"]["tokens"] == 16 * 128
+    with safe_open(calibrated / "hessians" / "layer-000.safetensors", "pt") as f:
+        h = f.get_tensor("model.layers.0.mlp.down_proj")
+    assert h.dtype == torch.float32 and h.shape == (1536, 1536) and torch.equal(h, h.t())
+    assert bool((torch.diagonal(h) >= 0).all())
+    assert set(record["reference"]["perplexity"]) == set(genres.GENRES)
+    # the quantize stage took both its reference and its ranking from here, not from a pass of its own
+    report = records.read(w4a8_checkpoint / "quantization_report.json", "quantization")
+    assert report["calibration"] == record["calibration"]
+    assert {g: v["perplexity_reference"] for g, v in report["fidelity"]["genres"].items()} == \
+        record["reference"]["perplexity"]
+    assert report["bf16_tensors"]["ranking"] == record["down_proj_int8"]["ranking"]
+    assert report["algorithm"]["true_sequential"] is False
+    config = json.loads((w4a8_checkpoint / "config.json").read_text())
+    assert config["quantization_config"]["true_sequential"] is False
+
+
+def test_quantize_refuses_a_calibration_of_another_model_or_a_corrupt_hessian(shared_calibration, default_model,
+                                                                              tmp_path):
+    import shutil
+
+    calibrated, params = shared_calibration
+    other = tmp_path / "other"
+    shutil.copytree(calibrated, other)
+    record = json.loads((other / "calibration.json").read_text())
+    record["model"]["fingerprint"] = "sha256:" + "0" * 64
+    (other / "calibration.json").write_text(json.dumps(record))
+    args = ("quantize", "--model", str(default_model / "model.json"), "--path", "q4_0-gguf", "--params", str(params))
+    done = edgepath_command(*args, "--calibration", str(other), "--out", str(tmp_path / "a"), check=False)
+    assert done.returncode != 0 and "calibrated another model" in done.stderr and not (tmp_path / "a").exists()
+    corrupt = tmp_path / "corrupt"
+    shutil.copytree(calibrated, corrupt)
+    layer = corrupt / "hessians" / "layer-007.safetensors"
+    data = bytearray(layer.read_bytes())
+    data[-1] ^= 0xFF  # one bit of one Hessian entry
+    layer.write_bytes(bytes(data))
+    done = edgepath_command(*args, "--calibration", str(corrupt), "--out", str(tmp_path / "b"), check=False)
+    assert done.returncode != 0 and "layer-007.safetensors: its sha256 is not the one" in done.stderr
+    assert not (tmp_path / "b").exists()
+
+
 def _ran(check):
     """The check record, or a skip naming why this host's vLLM could not run it."""
     if check["not_run"]:

@@ -23,13 +23,13 @@ from typing import Any
 from . import atomic, files
 from .errors import EdgepathError
 
-SCHEMA_VERSIONS = {"profile": 1, "model": 1, "selection": 5, "manifest": 9, "quantization": 2,
+SCHEMA_VERSIONS = {"profile": 1, "model": 1, "calibration": 1, "selection": 5, "manifest": 9, "quantization": 2,
                    "engine_check": 3, "gguf_check": 1, "patch_verify": 3, "control": 1, "benchmark": 2,
                    "export": 2, "pull": 2, "releases": 1, "device": 1}
 # Where a command puts its record in its output directory: read by the stage after it
 # (the manifest, the bundle) without importing the stage that wrote it, and the mark
 # that the directory is that command's own output (``output_directory``).
-FILE_NAMES = {"model": "model.json", "quantization": "quantization_report.json",
+FILE_NAMES = {"model": "model.json", "calibration": "calibration.json", "quantization": "quantization_report.json",
               "engine_check": "engine_check.json", "gguf_check": "gguf_check.json", "export": "export.json",
               "control": "control.json",
               "benchmark": "benchmark.json", "device": "edgepath-device.json", "pull": "edgepath-pull.json"}

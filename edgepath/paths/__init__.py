@@ -92,8 +92,9 @@ class WeightPath:
     def refuse(self, settings) -> None:
         """Refuse quantize settings (``stages.quantize.Settings``) this path cannot take."""
 
-    def before_gptq(self, model, calibration_tokens, settings, started: float) -> tuple[list[str], dict[str, Any]]:
-        """(linears GPTQ must leave alone, report fields) once the model is loaded."""
+    def before_gptq(self, model, shared, settings, started: float) -> tuple[list[str], dict[str, Any]]:
+        """(linears GPTQ must leave alone, report fields) once the model is loaded;
+        ``shared``: the calibrate stage's output (``stages.calibrate.SharedCalibration``)."""
         return [], {}
 
     def head_record(self, settings) -> dict[str, Any]:

@@ -95,21 +95,20 @@ def _build_qnn(model_dir: Path, tokenizer, corpus, settings, scratch: Path) -> d
     }
 
 
-def _quantize_for_xnnpack(path: str, model, tokenizer, corpus, settings) -> tuple[dict[str, Any], str]:
-    """Quantize ``model`` in place by ``path``'s recipe (``phone.xnnpack``); returns the
-    record's ``calibration`` (which quantization made the weights, on what text) and
-    the program's precision in a phrase."""
+def _quantize_for_xnnpack(path: str, model, settings, shared) -> tuple[dict[str, Any], str]:
+    """Quantize ``model`` in place by ``path``'s recipe (``phone.xnnpack``; the 4-bit one
+    from ``shared``, the calibrate stage's output); returns the record's ``calibration``
+    (which quantization made the weights, on what text) and the program's precision
+    in a phrase."""
     from ..phone import xnnpack
-    from ..text import calibration
 
-    text = settings.calibration
     if path == XNNPACK:
-        calib = calibration.calibration_set(tokenizer, corpus, text.samples, text.length, text.chat_fraction,
-                                            text.seed)
-        progress("export", f"{path}: GPTQ on {text.samples} x {text.length} calibration tokens, XNNPACK's grid "
-                 f"(symmetric, group {XNNPACK_GROUP_SIZE}, positive bf16 scales)")
+        calibrated = shared.record["calibration"]
+        progress("export", f"{path}: GPTQ from the calibrate stage's Hessians of {calibrated['samples']} x "
+                 f"{calibrated['length']} calibration tokens, XNNPACK's grid (symmetric, group {XNNPACK_GROUP_SIZE}, "
+                 f"positive bf16 scales)")
         gptq_started = time.monotonic()
-        layers = xnnpack.quantize_8da4w(model, calib.tokens, **dataclasses.asdict(settings.gptq))
+        layers = xnnpack.quantize_8da4w(model, shared.hessians(), **dataclasses.asdict(settings.gptq))
         weights = {"algorithm": "gptq", "grid": f"symmetric int4, group {XNNPACK_GROUP_SIZE}, one positive scale "
                                                 f"per group exact in bf16",
                    **dataclasses.asdict(settings.gptq), "signed": False,
@@ -118,10 +117,12 @@ def _quantize_for_xnnpack(path: str, model, tokenizer, corpus, settings) -> tupl
                    "shared_with_q4_0_gguf": False,
                    "why_own_run": ("q4_0-gguf's GPTQ searches each scale's sign too and stores negative scales, "
                                    "which XNNPACK refuses (the program fails to load: xnn_status_invalid_parameter); "
-                                   "the grids differ, so this program runs GPTQ on its own grid")}
-        calibration_record = {**calib.record, "weights": weights,
-                              "inputs": "the reference model's layer inputs (fp32) over the calibration windows, "
-                                        "for GPTQ; activations are quantized per token at run time"}
+                                   "the grids differ, so this program runs GPTQ on its own grid, from the Hessians "
+                                   "every path shares")}
+        calibration_record = {**calibrated, "weights": weights,
+                              "inputs": "the calibrate stage's Hessians of the reference model's layer inputs (fp32) "
+                                        "over the calibration windows, for GPTQ; activations are quantized per token "
+                                        "at run time"}
         precision = (f"int4 symmetric GPTQ weights in groups of {XNNPACK_GROUP_SIZE} (bf16 scales) in the decoder "
                      f"but its key and value projections; those and the output head int8 per channel; int8 "
                      f"dynamic per-token activations; int8 per-row embedding")
@@ -136,8 +137,8 @@ def _quantize_for_xnnpack(path: str, model, tokenizer, corpus, settings) -> tupl
     return calibration_record, precision
 
 
-def _build_xnnpack(path: str, model_dir: Path, tokenizer, corpus, settings,
-                   scratch: Path) -> dict[str, Any]:
+def _build_xnnpack(path: str, model_dir: Path, tokenizer, corpus, settings, scratch: Path,
+                   shared) -> dict[str, Any]:
     import torch
 
     from ..engines import executorch_runtime
@@ -158,7 +159,7 @@ def _build_xnnpack(path: str, model_dir: Path, tokenizer, corpus, settings,
     model = graph.load_reference(model_dir)
     with torch.no_grad():
         fp32 = {g: model(input_ids=ids[None], use_cache=False).logits[0] for g, ids in genres.items()}
-    calibration_record, precision = _quantize_for_xnnpack(path, model, tokenizer, corpus, settings)
+    calibration_record, precision = _quantize_for_xnnpack(path, model, settings, shared)
     eager_vs_fp32 = Parity()
     with torch.no_grad():
         eager = {g: model(input_ids=ids[None], use_cache=False).logits[0] for g, ids in genres.items()}
@@ -289,10 +290,14 @@ class ExecuTorchProgram(WeightPath):
     engine = Engine.EXECUTORCH
     built_by = Stage.EXPORT
 
-    def check_settings(self, settings, info: dict[str, Any]) -> None:
+    def check_settings(self, settings, info: dict[str, Any], shared) -> None:
         """Refuse ``settings`` (``stages.export.Settings``) this program cannot be built
-        with, on the checkpoint described by ``info`` (``hf_model.inspect``)."""
+        with, on the checkpoint described by ``info`` (``hf_model.inspect``), and a 4-bit
+        program without ``shared``, the calibrate stage's output its GPTQ reads."""
         path = self.spec.name
+        if path == XNNPACK and shared is None:
+            raise EdgepathError(f"{path}: its GPTQ reads the calibrate stage's Hessians: pass --calibration "
+                                "(the output of edgepath calibrate on this model)")
         if path == QNN:
             from ..phone.qnn_w8a16 import soc_known
 
@@ -313,12 +318,14 @@ class ExecuTorchProgram(WeightPath):
                 raise EdgepathError("export.xnnpack: threads >= 1, rounds >= 3 (medians), check_tokens >= 2 and "
                                     "prefill_tokens >= 2 are needed")
 
-    def build_program(self, model_dir: Path, tokenizer, corpus, settings, scratch: Path) -> dict[str, Any]:
+    def build_program(self, model_dir: Path, tokenizer, corpus, settings, scratch: Path,
+                      shared=None) -> dict[str, Any]:
         """The program in ``scratch``; returns the export record's ``program``,
-        ``calibration``, ``parity`` and ``pte`` (and ``runtime_check`` where it ran)."""
+        ``calibration``, ``parity`` and ``pte`` (and ``runtime_check`` where it ran).
+        ``shared``: the calibrate stage's output (``stages.calibrate.SharedCalibration``)."""
         if self.spec.name == QNN:
             return _build_qnn(model_dir, tokenizer, corpus, settings, scratch)
-        return _build_xnnpack(self.spec.name, model_dir, tokenizer, corpus, settings, scratch)
+        return _build_xnnpack(self.spec.name, model_dir, tokenizer, corpus, settings, scratch, shared)
 
     def export_detail(self, record: dict[str, Any]) -> str:
         return _export_detail(record)

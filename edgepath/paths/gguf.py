@@ -215,7 +215,7 @@ class GgufQ4_0Path(WeightPath):
                                 f"embedding table, which its GGUF stores as Q8_0; the head setting 'int4' is for vLLM "
                                 f"paths")
 
-    def before_gptq(self, model, calibration_tokens, settings, started: float) -> tuple[list[str], dict[str, Any]]:
+    def before_gptq(self, model, shared, settings, started: float) -> tuple[list[str], dict[str, Any]]:
         DEFAULT_POLICY.round_to_stored(model)
         return DEFAULT_POLICY.kept_from_gptq(model.config.num_hidden_layers), {}
 

@@ -269,12 +269,13 @@ def _pack(spec: WeightPathSpec, prefix: str, q) -> dict[str, Any]:
     return layer_format(spec.checkpoint_format).pack(*fields).tensors(prefix)
 
 
-def quantization_config(spec: WeightPathSpec, group: int, head: str, damp: float) -> dict[str, Any]:
+def quantization_config(spec: WeightPathSpec, group: int, head: str, damp: float,
+                        true_sequential: bool) -> dict[str, Any]:
     """A checkpoint's ``quantization_config`` in path ``spec``'s format: its group, its
-    head (``bf16`` or ``int4``) and GPTQ's damping."""
+    head (``bf16`` or ``int4``), GPTQ's damping and whether its inputs were true-sequential."""
     common = {"quant_method": spec.checkpoint_format, "bits": 4, "group_size": group,
               "sym": spec.grid is Grid.SYMMETRIC,
-              "true_sequential": True, "lm_head": head == "int4", "damp_percent": damp}
+              "true_sequential": true_sequential, "lm_head": head == "int4", "damp_percent": damp}
     if spec.checkpoint_format == "gptq":
         return {**common, "desc_act": False, "static_groups": False, "checkpoint_format": "gptq"}
     from ..formats.cpu_int4_format import FORMAT_VERSION
@@ -288,23 +289,14 @@ def _copy_side_files(src: Path, dest: Path, tokenizer_files: list[str]) -> None:
             shutil.copy2(src / name, dest / name)
 
 
-# Calibration samples the W4A8 ranking runs on, spread over the set: SmolLM2-135M's top four
-# down projections were the same from 16 and from 32 samples (3 min on 2 cores for 16).
-RANKING_SAMPLES = 16
-
-
-def _ranked_bf16_tensors(model, tokens, count: int, started: float) -> dict[str, Any]:
+def _bf16_tensors(ranked: list[tuple[str, float]], samples: int, count: int, started: float) -> dict[str, Any]:
     """The report's ``bf16_tensors``: the ``count`` down projections whose int8 inputs
-    move the model's output most (``quant.activation_error``), measured on
-    ``RANKING_SAMPLES`` calibration samples."""
-    from ..quant.activation_error import rank_down_projections
-
-    sample = tokens[::max(1, len(tokens) // RANKING_SAMPLES)][:RANKING_SAMPLES]
-    ranked = rank_down_projections(model, sample)
+    move the model's output most (``ranked``: the calibrate stage's ranking by
+    ``quant.activation_error``, measured on ``samples`` calibration samples)."""
     kept = [prefix for prefix, _ in ranked[:count]]
     print(f"quantize: down projections kept bf16 (int8 inputs moved the output most): {', '.join(kept)}, "
           f"{time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
-    return {"tensors": kept, "samples": len(sample),
+    return {"tensors": kept, "samples": samples,
             "ranking": [{"tensor": p, "kl_nats_per_token": round(kl, 6)} for p, kl in ranked],
             "reason": ("vLLM's W4A8 kernel rounds each token's activations to 8 bits; the down projections' "
                        "inputs lose most, and an early layer's error travels through every later one. Each "
@@ -410,10 +402,11 @@ class VllmCheckpointPath(WeightPath):
     built_by = Stage.QUANTIZE
     check_kind = "engine_check"
 
-    def before_gptq(self, model, calibration_tokens, settings, started: float) -> tuple[list[str], dict[str, Any]]:
+    def before_gptq(self, model, shared, settings, started: float) -> tuple[list[str], dict[str, Any]]:
         if not (self.spec.w4a8 and settings.w4a8_bf16_down_proj):
             return [], {}
-        ranked = _ranked_bf16_tensors(model, calibration_tokens, settings.w4a8_bf16_down_proj, started)
+        ranked = _bf16_tensors(shared.ranked_down_projections(), shared.record["down_proj_int8"]["samples"],
+                               settings.w4a8_bf16_down_proj, started)
         return ranked["tensors"], {"bf16_tensors": ranked}
 
     def head_record(self, settings) -> dict[str, Any]:
@@ -449,7 +442,8 @@ class VllmCheckpointPath(WeightPath):
         records.validate("quantization", report, where=str(out / report_name))
 
         config = files.read_json(model_dir / "config.json")
-        config["quantization_config"] = quantization_config(spec, built.group, settings.head, settings.damp)
+        config["quantization_config"] = quantization_config(spec, built.group, settings.head, settings.damp,
+                                                            report["algorithm"]["true_sequential"])
         if built.kept:  # GPTQModel's per-module override, which vLLM reads: "-:" + regex skips the module
             config["quantization_config"]["dynamic"] = {f"-:{re.escape(p)}": {} for p in built.kept}
         if settings.head == "int4":

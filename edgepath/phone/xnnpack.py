@@ -86,23 +86,22 @@ def quantize_8da8w(model) -> None:
     quantize_8bit(model, leave_for_4bit=False)
 
 
-def quantize_8da4w(model, tokens: torch.Tensor, search: str, damp: float,
-                   group_order: bool) -> dict[str, QuantizedLayer]:
+def quantize_8da4w(model, hessian_of, search: str, damp: float, group_order: bool) -> dict[str, QuantizedLayer]:
     """The ``w4a8-xnnpack`` recipe (module docstring), in place: the 8-bit parts first,
-    so that GPTQ, calibrated on ``tokens`` ``[samples, length]`` with the quantize
-    stage's ``search``, ``damp`` and ``group_order`` (``quantize.gptq``), sees them as
-    the program holds them; then GPTQ's layers loaded (``load_4bit``). Returns GPTQ's
-    layers by prefix."""
+    then GPTQ on the 4-bit linears from the calibrate stage's Hessians (``hessian_of``:
+    ``quant.sequential.quantize_from_hessians``) with the quantize stage's ``search``,
+    ``damp`` and ``group_order`` (``quantize.gptq``) on XNNPACK's positive-scale grid;
+    then GPTQ's layers loaded (``load_4bit``). Returns GPTQ's layers by prefix."""
     import dataclasses
 
     from ..quant.gptq import grid
-    from ..quant.sequential import quantize_model
+    from ..quant.sequential import quantize_from_hessians
 
     four_bit = quantize_8bit(model, leave_for_4bit=True)
     positive = dataclasses.replace(grid(True, search), signed=False)  # XNNPACK takes positive scales only
     eight_bit = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and n not in four_bit]
-    layers = quantize_model(model, tokens, GROUP_SIZE, positive, damp, group_order, quantize_head=False,
-                            keep=eight_bit)
+    layers = quantize_from_hessians(model, hessian_of, GROUP_SIZE, positive, damp, group_order, quantize_head=False,
+                                    keep=eight_bit)
     load_4bit(model, layers)
     return layers
 

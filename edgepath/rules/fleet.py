@@ -172,10 +172,12 @@ def _check_paths(name: str, section: Mapping[str, Any], where: str) -> None:
     stage = _PATH_LISTS.get(name)
     if stage is None:
         return
-    for i, path in enumerate(section.get("paths") or []):
-        if path not in weight_paths.built_by(stage):
-            raise EdgepathError(f"{where}: {name}.paths.{i}: {path!r} is not one of the paths the {stage.value} "
-                                f"stage builds ({', '.join(weight_paths.built_by(stage))}){weight_paths.renamed(path)}")
+    for key in ("paths", "true_sequential"):
+        for i, path in enumerate(section.get(key) or []):
+            if path not in weight_paths.built_by(stage):
+                raise EdgepathError(f"{where}: {name}.{key}.{i}: {path!r} is not one of the paths the {stage.value} "
+                                    f"stage builds ({', '.join(weight_paths.built_by(stage))})"
+                                    f"{weight_paths.renamed(path)}")
 
 
 def validate(data: Any, where: str = "params") -> None:

@@ -4,12 +4,14 @@ vLLM does not run on phones; a phone gets a program. The paths the registry says
 this stage builds (``PATHS``) are the ExecuTorch family's (``paths.executorch``,
 which says what each program is and how it is checked).
 
-Lifecycle of ``run(path, model_dir, out, settings)``:
+Lifecycle of ``run(path, model_dir, out, settings, calibrated)``:
 
 1. Refuse what cannot work before any slow step: an unknown path, an unknown SoC,
    widths XNNPACK's 4-bit group does not divide, a KV cache shorter than the check,
    a checkpoint or tokenizer that is missing or corrupt (``hf_model.inspect``), a
-   corpus too short.
+   corpus too short, a 4-bit program without the calibrate stage's output
+   (``calibrated``: its GPTQ runs from the Hessians every path shares) or with one of
+   another model.
 2. Build the program and measure it against its references (its family's
    ``build_program``).
 3. Gate: a program below its parity gates against fp32 (``export.qnn``'s
@@ -42,6 +44,7 @@ from ..rules import weight_paths
 from ..rules.fleet import Calibration, Gptq, check_namespace, namespace
 from ..rules.select import PHONE_MIN_TOP1
 from ..rules.weight_paths import Stage
+from .calibrate import SharedCalibration
 
 RECORD_NAME = records.FILE_NAMES["export"]
 PATHS = tuple(weight_paths.built_by(Stage.EXPORT))
@@ -113,18 +116,23 @@ def _generation(model_dir: Path, tokenizer) -> dict[str, Any]:
             "sampling": {k: settings[k] for k in ("do_sample", "temperature", "top_p", "top_k") if k in settings}}
 
 
-def check_path(path: str, settings: Settings, info: dict[str, Any]) -> None:
+def check_path(path: str, settings: Settings, info: dict[str, Any], shared: SharedCalibration | None) -> None:
     """Step 1 for ``path`` on the checkpoint described by ``info`` (``hf_model.inspect``):
-    an export path, and settings its family can build it with."""
-    paths.of(weight_paths.require(path, Stage.EXPORT)).check_settings(settings, info)
+    an export path, and settings (and the calibrate stage's output, ``shared``) its
+    family can build it with."""
+    paths.of(weight_paths.require(path, Stage.EXPORT)).check_settings(settings, info, shared)
 
 
-def run(path: str, model_dir: str | Path, out: str | Path, settings: Settings = Settings()) -> dict[str, Any]:
-    """Build ``out`` for ``path`` (module docstring); returns the record written there."""
+def run(path: str, model_dir: str | Path, out: str | Path, settings: Settings = Settings(),
+        calibrated: str | Path | None = None) -> dict[str, Any]:
+    """Build ``out`` for ``path`` (module docstring) from the model in ``model_dir`` and,
+    where its program's GPTQ needs them, the calibrate stage's output ``calibrated``;
+    returns the record written there."""
     model_dir, out = Path(model_dir), files.path_of(out, "--out")
     records.check_output_directory(out, "export", sources=[model_dir])  # before minutes of lowering
     info = hf_model.inspect(model_dir, with_file_digests=False)
-    check_path(path, settings, info)
+    shared = SharedCalibration(calibrated, info["fingerprint"]) if calibrated is not None else None
+    check_path(path, settings, info, shared)
 
     from transformers import AutoTokenizer
 
@@ -134,7 +142,7 @@ def run(path: str, model_dir: str | Path, out: str | Path, settings: Settings = 
     tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     corpus = calibration.load_corpus(settings.calibration.corpus, list(settings.calibration.holdout))
     with records.output_directory(out, "export", sources=[model_dir]) as scratch:
-        sections = paths.of(path).build_program(model_dir, tokenizer, corpus, settings, scratch)
+        sections = paths.of(path).build_program(model_dir, tokenizer, corpus, settings, scratch, shared)
         for name in [*info["tokenizer_files"], *_SIDE_FILES]:
             if (model_dir / name).is_file():
                 (scratch / name).write_bytes((model_dir / name).read_bytes())
@@ -158,7 +166,7 @@ def _cmd(args: argparse.Namespace) -> None:
     model_dir = Path(args.model)
     if model_dir.is_file():  # a model record: export the directory it names
         model_dir = records.model_directory(model_dir, records.read(model_dir, "model"))
-    record = run(args.path, model_dir, args.out, Settings.from_file(args.params))
+    record = run(args.path, model_dir, args.out, Settings.from_file(args.params), args.calibration)
     parity = record["parity"]
     check = record.get("runtime_check")
     ran = (f", in ExecuTorch {check['decode_tok_s']['median']:.1f} tok/s on {check['threads']} threads, top-1 "
@@ -172,6 +180,8 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--path", required=True, help=", ".join(PATHS))
     p.add_argument("--model", default="build/model/model.json", help="the model record, or a Hugging Face directory")
     p.add_argument("--params", default="params.yaml", help="export settings, calibration's text, quantize.gptq")
+    p.add_argument("--calibration", help="the calibrate stage's output directory, of the same model (a 4-bit "
+                                         "program's GPTQ reads its Hessians)")
     p.add_argument("--out", required=True, help="output directory (replaced atomically; only an earlier export)")
 
 

@@ -1,22 +1,27 @@
 """The quantize stage: a 4-bit checkpoint for one weight path.
 
-Lifecycle of ``run(model_dir, path, out, settings)``:
+Lifecycle of ``run(model_dir, path, out, calibrated, settings)``:
 
 1. Refuse up front what cannot work: an unknown or not-quantized path, a
    corrupt or truncated checkpoint or missing tokenizer (``hf_model.inspect``),
    shapes no group size fits (the path's ``group_rule``, layer named), a
-   calibration corpus too short or a chat template missing.
-2. Calibrate: draw the token windows (``calibration``).
-3. Quantize layer by layer (``quant.sequential``: GPTQ with a per-group grid
-   search on the layer's output error), the output head too when ``head: int4``.
-   First the path's family fixes what GPTQ must leave alone (``before_gptq``: a
-   GGUF's tensors stored above 4 bits, a W4A8 path's down projections kept bf16).
+   calibrate stage's output made from another model or with other held-out text.
+2. Read what the calibrate stage computed once for every path
+   (``stages.calibrate``): the Hessians of every linear's input, the reference
+   perplexities, the W4A8 ranking.
+3. Quantize (``quant.sequential``: GPTQ with a per-group grid search on the
+   layer's output error), the output head too when ``head: int4``: from the shared
+   Hessians, every linear in parallel; or, for a path listed in
+   ``quantize.true_sequential``, layer by layer on the calibration windows, each
+   group of linears on the outputs of those already quantized. First the path's
+   family fixes what GPTQ must leave alone (``before_gptq``: a GGUF's tensors
+   stored above 4 bits, a W4A8 path's down projections kept bf16).
 4. The report (``quantization_report.json``): the format, group and why, the
    grid search, the calibration, and the fidelity: perplexity of the unquantized
-   model and of the quantized one on each genre's held-out windows
-   (``calibration.held_out_genres``: the multi-genre corpus's held-out documents,
-   whatever corpus calibrated), each genre's increase in percent, and as headline
-   their mean and the worst genre.
+   model (the calibrate stage's) and of the quantized one on each genre's
+   held-out windows (``calibration.held_out_genres``: the multi-genre corpus's
+   held-out documents, whatever corpus calibrated), each genre's increase in
+   percent, and as headline their mean and the worst genre.
 5. The path's family packs the weights in its format, writes its artifact beside
    the report and checks it in its real engine (``paths.WeightPath.publish``). An
    artifact that fails is not published: ``out`` appears whole and checked, or not
@@ -48,6 +53,7 @@ from ..rules import shapes, weight_paths
 from ..rules.fleet import Calibration, Gptq, check_namespace
 from ..rules.weight_paths import Grid, Stage
 from ..scoring.fidelity import headline, increase_percent
+from .calibrate import SharedCalibration
 from .probe import probe
 
 REPORT_NAME = records.FILE_NAMES["quantization"]
@@ -56,9 +62,9 @@ HEADS = ("int4", "bf16")
 SEARCH_NAMES = ("output-error", "weight-mse", "none")
 """The objectives of ``quant.gptq.SEARCHES`` (each grid has all three), here so that
 settings are checked without torch."""
-OVERRIDES = {"samples": ("calibration", "samples"), "length": ("calibration", "length"),
-             "search": ("quantize", "gptq", "search"), "head": ("quantize", "head")}
-"""The settings ``edgepath quantize`` takes as flags too: flag -> its key in params.yaml."""
+OVERRIDES = {"search": ("quantize", "gptq", "search"), "head": ("quantize", "head")}
+"""The settings ``edgepath quantize`` takes as flags too: flag -> its key in params.yaml.
+The calibration's (samples, length) are the calibrate stage's."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,45 +77,44 @@ class Settings:
     """Down projections a W4A8 path keeps bf16 (``quant.activation_error``). Measured in
     vLLM on SmolLM2-135M (16 x 512 held-out tokens per genre): none kept +8.78 % mean
     perplexity, four +7.98 %, each at 0.094 more bits per weight (docs/quantize.md)."""
+    true_sequential: tuple[str, ...] = ()
+    """Paths whose GPTQ runs its own true-sequential pass instead of the shared Hessians."""
     calibration: Calibration = Calibration()
     search: str = Gptq.search
     damp: float = Gptq.damp
     group_order: bool = Gptq.group_order
-    eval_windows: int = 8
-    """Held-out windows per genre (0: no perplexity measured). 8, not the benchmark's 16,
-    to keep the stage's time bounded: 8 x 512 tokens on each of five genres is already
-    2.5x the 16 x 512 of the single novel measured before, scored by both models."""
-    eval_length: int = 512
 
     @classmethod
     def from_params(cls, quantize: dict[str, Any] | None = None, calibration: dict[str, Any] | None = None,
                     where: str = "params", **overrides: Any) -> "Settings":
-        """``quantize``: params.yaml's ``quantize`` namespace (``{paths, head, gptq: {search,
-        damp, group_order}, eval: {windows, length}}``); ``calibration``: its
-        ``calibration`` namespace (``fleet.Calibration``). Absent keys keep their defaults.
-        ``overrides`` (the command line's flags; None: not given) replace their keys:
-        ``samples`` and ``length`` (calibration), ``search`` (gptq), ``head``. Both are then
-        checked against params.yaml's schema, errors naming ``where`` and the key."""
+        """``quantize``: params.yaml's ``quantize`` namespace (``{paths, head,
+        w4a8_bf16_down_proj, true_sequential, gptq: {search, damp, group_order}}``; its
+        ``eval`` is the calibrate stage's); ``calibration``: its ``calibration`` namespace
+        (``fleet.Calibration``). Absent keys keep their defaults. ``overrides`` (the command
+        line's flags; None: not given) replace their keys: ``search`` (gptq), ``head``.
+        Both are then checked against params.yaml's schema, errors naming ``where`` and the
+        key."""
         unknown = sorted(set(overrides) - set(OVERRIDES))
         if unknown:
             raise TypeError(f"no quantize override {unknown}; overrides: {list(OVERRIDES)}")
-        quantize, calibration = dict(quantize or {}), dict(calibration or {})
+        quantize = dict(quantize or {})
         for name, value in overrides.items():
             if value is None:
                 continue
-            namespace, *section, key = OVERRIDES[name]
-            target = calibration if namespace == "calibration" else quantize
+            *section, key = OVERRIDES[name][1:]
+            target = quantize
             for part in section:
                 target[part] = dict(target.get(part) or {})
                 target = target[part]
             target[key] = value
         quantize = check_namespace("quantize", quantize, where)
-        shared = Calibration.from_params(calibration, where)
-        flat: dict[str, Any] = {"calibration": shared, **(quantize.get("gptq") or {}),
-                                **{f"eval_{k}": v for k, v in (quantize.get("eval") or {}).items()}}
+        flat: dict[str, Any] = {"calibration": Calibration.from_params(calibration, where),
+                                **(quantize.get("gptq") or {})}
         for key in ("head", "w4a8_bf16_down_proj"):
             if key in quantize:
                 flat[key] = quantize[key]
+        if "true_sequential" in quantize:
+            flat["true_sequential"] = tuple(quantize["true_sequential"])
         return cls(**flat)
 
 
@@ -140,8 +145,10 @@ def _tensor_report(name: str, weight, q) -> dict[str, Any]:
     }
 
 
-def run(model_dir: str | Path, path: str, out: str | Path, settings: Settings = Settings()) -> dict[str, Any]:
-    """Build ``out`` (module docstring); returns the report written beside the weights."""
+def run(model_dir: str | Path, path: str, out: str | Path, calibrated: str | Path,
+        settings: Settings = Settings()) -> dict[str, Any]:
+    """Build ``out`` (module docstring) from the calibrate stage's output ``calibrated``
+    (its directory or record); returns the report written beside the weights."""
     model_dir, out = Path(model_dir), files.path_of(out, "--out")
     spec = weight_paths.require(path, Stage.QUANTIZE)
     family = paths.of(spec)
@@ -150,37 +157,46 @@ def run(model_dir: str | Path, path: str, out: str | Path, settings: Settings = 
     info = hf_model.inspect(model_dir, with_file_digests=False)
     layers = quantized_layers(info, settings.head)
     group, group_reason = spec.group_size(layers)
+    shared = SharedCalibration(calibrated, info["fingerprint"])
 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ..quant.gptq import grid as search_grid
-    from ..quant.sequential import quantize_model
+    from ..quant.sequential import quantize_from_hessians, quantize_model
     from ..text import calibration
 
     started = time.monotonic()
     tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     text = settings.calibration
     corpus = calibration.load_corpus(text.corpus, list(text.holdout))
-    calib = calibration.calibration_set(tokenizer, corpus, text.samples, text.length, text.chat_fraction, text.seed)
-    held_out = (calibration.held_out_genres(tokenizer, corpus, settings.eval_windows, settings.eval_length)
-                if settings.eval_windows else {})
-    held_out_documents = calibration.held_out_record(corpus) if held_out else None
+    reference = shared.record["reference"]
+    held_out = (calibration.held_out_genres(tokenizer, corpus, reference["windows_per_genre"], reference["length"])
+                if reference["windows_per_genre"] else {})
+    shared.check_held_out({g: calibration.tokens_sha256(w) for g, w in held_out.items()})
     check_sequences = calibration.check_sequences(tokenizer, corpus)
 
+    hessians = None if path in settings.true_sequential else shared.hessians()  # every file checked up front
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True).eval()
     original = {n: p.detach().clone() for n, p in model.named_parameters()
                 if n.removesuffix(".weight") in layers}
     if "lm_head" in layers and "lm_head.weight" not in original:
         original["lm_head.weight"] = model.get_output_embeddings().weight.detach().clone()
-    ppl_reference = _perplexities(model, held_out, "reference", started)
     grid = search_grid(spec.grid is Grid.SYMMETRIC, settings.search)
-    kept, path_fields = family.before_gptq(model, calib.tokens, settings, started)
+    kept, path_fields = family.before_gptq(model, shared, settings, started)
+    sequential = hessians is None
     gptq_started = time.monotonic()
-    quantized = quantize_model(model, calib.tokens, group, grid, settings.damp,
-                               settings.group_order, quantize_head=settings.head == "int4", keep=kept)
+    if sequential:
+        calib = calibration.calibration_set(tokenizer, corpus, text.samples, text.length, text.chat_fraction,
+                                            text.seed)
+        shared.check_calibration(calib.record)
+        quantized = quantize_model(model, calib.tokens, group, grid, settings.damp, settings.group_order,
+                                   quantize_head=settings.head == "int4", keep=kept)
+    else:
+        quantized = quantize_from_hessians(model, hessians, group, grid, settings.damp,
+                                           settings.group_order, quantize_head=settings.head == "int4", keep=kept)
     gptq_time = time.monotonic() - gptq_started
-    ppl_quantized = _perplexities(model, held_out, "quantized", started, ppl_reference)
+    ppl_quantized = _perplexities(model, held_out, "quantized", started, reference["perplexity"])
 
     report = {
         **records.envelope("quantization"),
@@ -190,10 +206,13 @@ def run(model_dir: str | Path, path: str, out: str | Path, settings: Settings = 
         "model": {"directory": str(model_dir.resolve()), "fingerprint": info["fingerprint"]},
         "head": family.head_record(settings),
         "algorithm": {"name": "gptq", "search": grid.name, "ratios": list(grid.ratios), "signed": grid.signed,
-                      "damp": settings.damp, "group_order": settings.group_order, "true_sequential": True},
-        "calibration": calib.record,
-        "fidelity": fidelity(ppl_reference, ppl_quantized, settings.eval_windows, settings.eval_length,
-                             held_out_documents),
+                      "damp": settings.damp, "group_order": settings.group_order, "true_sequential": sequential,
+                      "inputs": ("this path's own pass: each group of linears on the outputs of those already "
+                                 "quantized" if sequential else
+                                 "the calibrate stage's Hessians of the unquantized model's inputs")},
+        "calibration": shared.record["calibration"],
+        "fidelity": fidelity(reference["perplexity"], ppl_quantized, reference["windows_per_genre"],
+                             reference["length"], reference["held_out"]),
         "tensors": {p: _tensor_report(p, original[f"{p}.weight"], q) for p, q in sorted(quantized.items())},
         "versions": records.versions("torch", "transformers", "safetensors"),
         "gptq_time_s": round(gptq_time, 1),
@@ -244,9 +263,9 @@ def _cmd(args: argparse.Namespace) -> None:
     given = Path(args.params).is_file()
     settings = Settings.from_params(fleet.namespace(args.params, "quantize") if given else {},
                                     fleet.namespace(args.params, "calibration") if given else {},
-                                    where=f"{args.params} with the command line's flags", samples=args.samples,
-                                    length=args.length, search=args.search, head=args.head)
-    report = run(model_dir, args.path, args.out, settings)
+                                    where=f"{args.params} with the command line's flags", search=args.search,
+                                    head=args.head)
+    report = run(model_dir, args.path, args.out, args.calibration, settings)
     fid = report["fidelity"]
     ppl = (f", held-out perplexity {fid['mean_increase_pct']:+.1f} % over the unquantized model on average "
            f"over {len(fid['genres'])} genres, worst {fid['worst']['genre']} {fid['worst']['increase_pct']:+.1f} %"
@@ -259,12 +278,12 @@ def _cmd(args: argparse.Namespace) -> None:
 
 def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="Hugging Face directory, or a model record (model.json)")
+    p.add_argument("--calibration", required=True,
+                   help="the calibrate stage's output directory (or its calibration.json), of the same model")
     p.add_argument("--path", required=True, help=f"weight path: {', '.join(weight_paths.built_by(Stage.QUANTIZE))}")
     p.add_argument("--out", required=True, help="output directory (replaced atomically; only an earlier checkpoint)")
     p.add_argument("--params", default="params.yaml",
                    help="settings from its 'quantize' and 'calibration' namespaces, if present")
-    p.add_argument("--samples", type=int, help="calibration samples (overrides params)")
-    p.add_argument("--length", type=int, help="calibration sample length in tokens (overrides params)")
     p.add_argument("--search", help="grid search: output-error, weight-mse or none (overrides params)")
     p.add_argument("--head", help="output head: int4 or bf16 (overrides params)")
 
@@ -278,12 +297,14 @@ def _help() -> str:
 
 {paths_built}
 
-    Each is calibrated on real text (params.yaml: calibration, quantize) and checked
-    in its real engine before OUT is published. OUT holds the artifact (a vLLM
+    Each is calibrated on real text (params.yaml: calibration, quantize), from what
+    `edgepath calibrate` computed once for every path, and checked in its real
+    engine before OUT is published. OUT holds the artifact (a vLLM
     checkpoint's weights, config and tokenizer, or a GGUF), quantization_report.json
     and the engine's check record.
 
-    example:  edgepath quantize --model build/model/model.json --path {first} --out build/weights/{first}"""
+    example:  edgepath quantize --model build/model/model.json --calibration build/calibration \\
+                  --path {first} --out build/weights/{first}"""
 
 
 COMMAND = Command("quantize", "write a weight path's 4-bit checkpoint", _help(), _arguments, _cmd)
