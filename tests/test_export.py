@@ -231,10 +231,13 @@ def test_xnnpack_pte_greedy_equals_the_eager_quantized_model(exported, random_ll
     assert torch.allclose(program.feed(prompt), got[-1], atol=1e-3 * got[-1].abs().max())
 
 
-def test_xnnpack_fp32_gate_refuses_before_lowering(random_llama, tmp_path):
+def test_xnnpack_fp32_gate_refuses_before_lowering(default_model, shared_calibration, tmp_path):
+    # the real model: a random one's next token is its input token's own (the embedding
+    # dominates its residual stream), which 4-bit weights need not change
+    calibrated, _ = shared_calibration
     params = _params(tmp_path, xnnpack={"min_top1_fp32": 1.0})
-    done = edgepath_command("export", "--path", "w4a8-xnnpack", "--model", str(random_llama), "--params",
-                            str(params), "--out", str(tmp_path / "out"), check=False)
+    done = edgepath_command("export", "--path", "w4a8-xnnpack", "--model", str(default_model / "hf"), "--params",
+                            str(params), "--calibration", str(calibrated), "--out", str(tmp_path / "out"), check=False)
     assert done.returncode == 2 and "export.xnnpack.min_top1_fp32" in done.stderr
     assert "nothing was lowered or written" in done.stderr and "lowering to XNNPACK" not in done.stderr
     assert not (tmp_path / "out").exists()
@@ -256,10 +259,11 @@ def test_truncated_pte_is_refused(exported, tmp_path):
     ("w8a16-qnn", "qnn", {"colour": "blue"}, "export.qnn.colour: unknown key"),
     ("w8a16-qnn", "qnn", {"samples": "many"}, "export.qnn.samples: 'many' is not of type 'integer'"),
 ])
-def test_bad_settings_are_refused_before_any_work(random_llama, tmp_path, path, section, change, message):
+def test_bad_settings_are_refused_before_any_work(random_llama, calibrated, tmp_path, path, section, change,
+                                                  message):
     params = _params(tmp_path, **{section: change})
     done = edgepath_command("export", "--path", path, "--model", str(random_llama), "--params", str(params),
-                            "--out", str(tmp_path / "out"), check=False)
+                            "--calibration", str(calibrated), "--out", str(tmp_path / "out"), check=False)
     assert done.returncode == 2 and message in done.stderr
     assert not (tmp_path / "out").exists()
 

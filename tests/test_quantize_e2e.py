@@ -118,7 +118,8 @@ def test_quantize_refuses_a_calibration_of_another_model_or_a_corrupt_hessian(sh
     record = json.loads((other / "calibration.json").read_text())
     record["model"]["fingerprint"] = "sha256:" + "0" * 64
     (other / "calibration.json").write_text(json.dumps(record))
-    args = ("quantize", "--model", str(default_model / "model.json"), "--path", "q4_0-gguf", "--params", str(params))
+    args = ("quantize", "--model", str(default_model / "model.json"), "--path", "w4a16-tinygemm", "--params",
+            str(params))
     done = edgepath_command(*args, "--calibration", str(other), "--out", str(tmp_path / "a"), check=False)
     assert done.returncode != 0 and "calibrated another model" in done.stderr and not (tmp_path / "a").exists()
     corrupt = tmp_path / "corrupt"

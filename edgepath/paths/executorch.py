@@ -295,9 +295,6 @@ class ExecuTorchProgram(WeightPath):
         with, on the checkpoint described by ``info`` (``hf_model.inspect``), and a 4-bit
         program without ``shared``, the calibrate stage's output its GPTQ reads."""
         path = self.spec.name
-        if path == XNNPACK and shared is None:
-            raise EdgepathError(f"{path}: its GPTQ reads the calibrate stage's Hessians: pass --calibration "
-                                "(the output of edgepath calibrate on this model)")
         if path == QNN:
             from ..phone.qnn_w8a16 import soc_known
 
@@ -317,6 +314,9 @@ class ExecuTorchProgram(WeightPath):
             if x.threads < 1 or x.rounds < 3 or x.check_tokens < 2 or x.prefill_tokens < 2:
                 raise EdgepathError("export.xnnpack: threads >= 1, rounds >= 3 (medians), check_tokens >= 2 and "
                                     "prefill_tokens >= 2 are needed")
+            if path == XNNPACK and shared is None:
+                raise EdgepathError(f"{path}: its GPTQ reads the calibrate stage's Hessians: pass --calibration "
+                                    "(the output of edgepath calibrate on this model)")
 
     def build_program(self, model_dir: Path, tokenizer, corpus, settings, scratch: Path,
                       shared=None) -> dict[str, Any]:
