@@ -241,7 +241,7 @@ def main() -> None:
 
     from edgepath.paths import gguf as gguf_path
     from edgepath.quant.gptq import grid
-    from edgepath.quant.sequential import quantize_model
+    from edgepath.quant.sequential import GptqPlan, quantize_model
     from edgepath.rules import shapes, weight_paths
     from edgepath.text import calibration
 
@@ -287,8 +287,8 @@ def main() -> None:
             gguf_path.TensorPolicy().round_to_stored(model)  # the embedding as the file stores it
         kept = [f"model.layers.{i}.{n}" for i in range(len(model.model.layers)) for n in v.bf16]
         with _groups_shifted(v.shift) if v.shift else contextlib.nullcontext():
-            quantized = quantize_model(model, calib.tokens, group, search, v.damp, True,
-                                       quantize_head=v.head == "int4", keep=kept)
+            quantized = quantize_model(model, calib.tokens, GptqPlan(group, search, v.damp, True,
+                                                                     quantize_head=v.head == "int4", keep=kept))
         seconds = time.monotonic() - started
         if v.gguf:
             arm = _as_gguf(model, hf, held_out, work, threads)

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from edgepath.core.usage import peak_rss_bytes
 from edgepath.scoring.stats import spread
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,7 +79,7 @@ def stage(*args: str) -> tuple[float, int]:
     _, status, usage = os.wait4(child.pid, 0)
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"{' '.join(cmd)} failed")
-    return time.monotonic() - started, usage.ru_maxrss * 1024
+    return time.monotonic() - started, peak_rss_bytes(usage)
 
 
 def params_with(path: Path, **namespaces: Mapping[str, Any]) -> Path:

@@ -135,6 +135,19 @@ def _write(name, content: str | bytes):
     return change
 
 
+def _tokenizer_with(**fields):
+    """A change: the model's tokenizer.json with ``fields`` replaced (None: removed)."""
+    def change(m: Path, d: Path) -> None:
+        document = json.loads((m / "tokenizer.json").read_text())
+        document.update(fields)
+        (m / "tokenizer.json").write_text(json.dumps({k: v for k, v in document.items() if v is not None}))
+    return change
+
+
+def _tokenizer_without(key: str):
+    return _tokenizer_with(**{key: None})
+
+
 def _header(change):
     return lambda m, d: edit_header(m / "model.safetensors", change)
 
@@ -209,14 +222,14 @@ def manifest(d: Path, artifacts: list[dict]) -> None:
             "bits_per_weight": 16, "runs_in_vllm": True, "fused_cpu_norms": False,
             "rationale": "the unquantized checkpoint, for tests", "build_with": "edgepath model", "notes": [],
             "engine_kwargs": {}, "engine_env": {}, "activations": "bf16", "dtype": "bfloat16", "fallback": None,
-            "evidence": []}
+            "evidence": [], "memory": None}
     digest = "sha256:" + "0" * 64
     entry = {"tag": "dev", "platform": "linux/amd64", "priority": "speed", "engine": "auto",
              "profile": {"digest": digest, "summary": summary}, "path": path,
              "build": {"state": "built", "detail": "built here"},
              "verification": {"verified": False, "state": "not run here", "detail": "a test", "record": None},
              "benchmark": {"state": "not run", "detail": "a test", "record": None}, "artifacts": artifacts,
-             "release": {"state": "unreleased", "version": None, "digest": None, "detail": "a test"}}
+             "memory": None, "release": {"state": "unreleased", "version": None, "digest": None, "detail": "a test"}}
     record = {**records.envelope("manifest"), "edgepath_version": "0", "targets": [entry],
               "model": {"source": {}, "architecture": "LlamaForCausalLM", "parameters": 1, "fingerprint": digest,
                         "digest": digest}}
@@ -358,6 +371,12 @@ CASES = [
     Case("tokenizer-is-a-json-list", model_argv("--source", "m", "--out", "out"),
          "m/tokenizer.json: a JSON array where a JSON object is expected", damaged(_write("tokenizer.json", "[]")),
          absent=("out",)),
+    Case("tokenizer-without-added-tokens", model_argv("--source", "m", "--out", "out"),
+         r"m/tokenizer.json: not a tokenizers file: its 'added_tokens' is missing",
+         damaged(_tokenizer_without("added_tokens")), absent=("out",)),
+    Case("tokenizer-the-library-cannot-read", model_argv("--source", "m", "--out", "out"),
+         r"m/tokenizer.json: not a tokenizer the tokenizers library reads",
+         damaged(_tokenizer_with(model={"type": "NoSuchModel"})), absent=("out",)),
     Case("tokenizer-config-is-a-json-string", model_argv("--source", "m", "--out", "out"),
          "m/tokenizer_config.json: a JSON string where a JSON object is expected",
          damaged(_write("tokenizer_config.json", '"chat"')), absent=("out",)),

@@ -49,6 +49,13 @@ _tag_substituted = _edit_params("  x86-avx2:\n", f"  '$(touch {MARKER}) \"q\"':\
 _tag_newline = _edit_params("  x86-avx2:\n", '  "x86\\n\\e[2J":\n')
 _tag_on = _edit_params("  x86-avx2:\n", "  on:\n")
 _tag_twice = _edit_params("  phone-cpu:\n", "  phone-npu:\n")
+# nine levels of ten aliases each: a kilobyte that expands to 10^9 nodes if walked as a tree
+_ALIAS_BOMB = "".join(f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]\n" if i else "l0: &l0 [x]\n"
+                      for i in range(10))
+_alias_bomb = _edit_params("calibration:\n", "bomb:\n" + "".join(f"  {line}\n" for line in _ALIAS_BOMB.splitlines())
+                           + "calibration:\n")
+_alias_in_a_target = _edit_params("  x86-avx2:\n    profile: profiles/x86-avx2.json\n",
+                                  "  x86-avx2: &t\n    profile: profiles/x86-avx2.json\n")
 _path_injected = _edit_params("    - w4a16-tinygemm\n", f"    - w4a16-tinygemm\n    - \"$(touch {MARKER}) 'x y'\"\n")
 _source_injected = _edit_params("  source: embedded\n", f"  source: '/x \"y\"; touch {MARKER} $(touch {MARKER}) #'\n")
 _profile_absolute = _edit_params("profile: profiles/x86-avx2.json", "profile: /etc/passwd")
@@ -162,6 +169,17 @@ CASES = [
     Case("probe-duplicate-tag", lambda d: ["probe", "--target", "phone-npu"],
          r"params\.yaml: not valid YAML \(key 'phone-npu' appears twice", _tag_twice),
     Case("params-duplicate-tag", lambda d: ["params"], r"key 'phone-npu' appears twice", _tag_twice),
+    # -- a YAML alias bomb answers at once, in every reader of params.yaml
+    Case("params-alias-bomb", lambda d: ["params"], r"params\.yaml: not valid YAML \(alias \*l0 on line \d+: "
+         r"edgepath's YAML files take no aliases", _alias_bomb),
+    Case("select-target-alias-bomb", lambda d: ["select", "--target", "host", *SELECT_ARGS], r"take no aliases",
+         _alias_bomb),
+    Case("images-plan-alias-bomb", lambda d: PLAN, r"take no aliases", _alias_bomb),
+    Case("params-an-anchor-without-alias-is-fine", lambda d: ["params"], "", _alias_in_a_target, code=0),
+    Case("images-plan-registry-garbage", lambda d: [*PLAN, "--registry", "not a registry;rm -rf"],
+         r"--registry 'not a registry;rm -rf': not a registry", copy_project),
+    Case("images-plan-registry-upper-case-path", lambda d: [*PLAN, "--registry", "ghcr.io/Edge"],
+         r"not a registry", copy_project),
     Case("images-plan-profile-etc-passwd", lambda d: PLAN,
          r"targets\.x86-avx2\.profile: '/etc/passwd' is not a path inside the repository", _profile_absolute),
     Case("params-profile-dotdot", lambda d: ["params"],

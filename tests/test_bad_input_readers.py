@@ -40,7 +40,8 @@ def model_record(d: Path) -> Path:
               "model.layers.0.self_attn.o_proj.weight": [h, h], "model.layers.0.mlp.gate_proj.weight": [i, h],
               "model.layers.0.mlp.up_proj.weight": [i, h], "model.layers.0.mlp.down_proj.weight": [h, i]}
     record = {**records.envelope("model"), "source": {"kind": "local", "path": "hf"}, "directory": "hf",
-              "architecture": "LlamaForCausalLM", "config": {"hidden_size": h}, "parameters": 49152,
+              "architecture": "LlamaForCausalLM", "parameters": 49152,
+              "config": {"hidden_size": h, "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2},
               "tensors": {n: {"dtype": "BF16", "shape": s} for n, s in shapes.items()},
               "fingerprint": FINGERPRINT, "digest": "sha256:" + "2" * 64, "tokenizer_files": ["tokenizer.json"],
               "has_chat_template": False,
@@ -137,6 +138,7 @@ BAD_FILES = [
     ("deep", lambda p: p.write_text(deep_json()), "nested deeper than"),
     ("not-json", lambda p: p.write_text("{oops"), "not valid JSON"),
     ("loop", lambda p: p.symlink_to(p.name), "symbolic links"),
+    ("key-twice", lambda p: p.write_text('{"kind": "a", "kind": "b"}'), "key 'kind' appears twice"),
 ]
 """``missing`` is a case of its own: its line says how to make the file."""
 
@@ -169,7 +171,16 @@ def _manifest_show_cases() -> list[Case]:
              r"x86-avx2.json: .*edgepath.manifest"),
         Case("manifest-show-older-schema", lambda d: ["manifest", "show", "m.json"], r"m.json: .*schema_version",
              bad("m.json", lambda p: p.write_text('{"kind": "edgepath.manifest", "schema_version": 1}'))),
+        Case("manifest-show-a-tag-twice", lambda d: ["manifest", "show", "manifest.json"],
+             r"manifest.json: not a valid manifest record: targets has tag gpu more than once", _tag_twice),
     ]
+
+
+def _tag_twice(d: Path) -> None:
+    """A manifest listing its GPU target twice (each entry valid)."""
+    manifest = json.loads(write_manifest(d).read_text())
+    manifest["targets"].append(manifest["targets"][0])
+    (d / "manifest.json").write_text(json.dumps(manifest))
 
 
 def _manifest_bytes_under_lock(data: bytes):
@@ -232,7 +243,7 @@ def _pull_cases() -> list[Case]:
         Case("pull-over-a-user-file", lambda d: ["pull", "dev", "-o", "notes.txt"],
              r"notes.txt: exists and is not a directory",
              then(ls_project, lambda d: (d / "notes.txt").write_text("keep")), unchanged=("notes.txt",)),
-        Case("pull-through-a-symlink", lambda d: ["pull", "dev", "-o", "link"], r"link: exists and is not a directory",
+        Case("pull-through-a-symlink", lambda d: ["pull", "dev", "-o", "link"], r"link: is a symbolic link; not replaced",
              then(ls_project, _user_folder, lambda d: (d / "link").symlink_to("mine")),
              unchanged=("mine/notes.txt",), absent=("mine/edgepath-pull.json",)),
         Case("pull-into-the-current-directory", lambda d: ["pull", "dev", "-o", "."], r"current directory",
@@ -266,7 +277,13 @@ def _select_cases() -> list[Case]:
     with_model = lambda *more: lambda d: ["select", "--profile", avx2, "--model", "m.json", *more]  # noqa: E731
     cases += [Case(f"select-model-{kind}", with_model(), rf"m.json: .*{message}", bad("m.json", make))
               for kind, make, message in BAD_FILES if kind in ("directory", "fifo", "json-list", "deep")]
+    profile_with = lambda **fields: bad("p.json", lambda p: p.write_text(json.dumps(  # noqa: E731
+        {**json.loads((ROOT / "profiles/gpu-cuda.json").read_text()), **fields})))
     return cases + [
+        Case("select-profile-ram-of-1e32-bytes", profile, r"p.json: .*ram_total_bytes: 10{32} is greater than the maximum",
+             profile_with(ram_total_bytes=10**32)),
+        Case("select-profile-compute-capability-abc", profile, r"p.json: .*gpu_compute_capability: 'abc' does not match",
+             profile_with(gpu_compute_capability="abc")),
         Case("select-profile-missing", profile, r"p.json: no such file"),
         Case("select-profile-empty-path", lambda d: ["select", "--profile", ""], r"empty path|no such file"),
         Case("select-profile-no-such-user", lambda d: ["select", "--profile", "~edgepath-nouser/p.json"],
@@ -366,8 +383,85 @@ def _patch_verify_cases() -> list[Case]:
     ]
 
 
+def _pulled(path: str, files: dict[str, bytes], named: dict[str, str] | None = None):
+    """A setup: ``got/``, as ``edgepath pull`` leaves a build of weight path ``path``:
+    ``files`` (name -> bytes, written relative to ``got/``) and its receipt naming each,
+    at ``named[name]`` where given (a hostile receipt's own spelling)."""
+    def setup(d: Path) -> None:
+        from edgepath.core import records
+
+        (d / "got").mkdir()
+        entries = []
+        for name, data in files.items():
+            (d / "got" / name).parent.mkdir(parents=True, exist_ok=True)
+            (d / "got" / name).write_bytes(data)
+            entries.append({"path": (named or {}).get(name, name), "source": f"build/{name}", "size": len(data),
+                            "sha256": hashlib.sha256(data).hexdigest()})
+        receipt = {**records.envelope("pull"), "tag": "dev", "remote": {"name": "store", "url": STORE},
+                   "release": {"state": "unreleased", "version": None, "digest": "sha256:" + "4" * 64},
+                   "manifest_md5": "5" * 32, "model": {}, "path": {"name": path, "rationale": "r"},
+                   "verification": {"verified": False, "state": "not run here", "detail": "d"}, "files": entries}
+        (d / "got" / "edgepath-pull.json").write_text(json.dumps(receipt))
+    return setup
+
+
+def _outside_file(d: Path) -> None:
+    (d / "outside.gguf").write_bytes(b"GGUF outside")
+
+
+def _port_in_use(case_port: list[int]):
+    """A setup holding a listening socket for the case's run; its port goes to ``case_port``."""
+    import socket
+
+    def setup(d: Path) -> None:
+        held = socket.socket()
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        case_port.append(held.getsockname()[1])
+        _HELD.append(held)  # kept open until the test session ends
+    return setup
+
+
+_HELD: list = []
+_PORT: list[int] = []
+
+
+def _serve_cases() -> list[Case]:
+    def serve(*more: str):
+        """``serve got`` on a port free now (one the machine already uses would be refused first)."""
+        def argv(d: Path) -> list[str]:
+            from edgepath.delivery.serve import free_port
+
+            return ["serve", "got", *(more if "--port" in more else ("--port", str(free_port()), *more))]
+        return argv
+
+    gguf = _pulled("q4_0-gguf", {"model.gguf": b"GGUF"})
+    outside = {"model.gguf": b"GGUF outside"}
+    return [
+        Case("serve-receipt-names-an-absolute-path", serve(), r"got/edgepath-pull.json: a file's path: refused path "
+             r"'/.*outside.gguf': it would leave its directory",
+             lambda d: (_outside_file(d), _pulled("q4_0-gguf", outside, {"model.gguf": str(d / "outside.gguf")})(d))),
+        Case("serve-receipt-names-a-parent-path", serve(), r"refused path '\.\./outside.gguf'",
+             then(_outside_file, _pulled("q4_0-gguf", outside, {"model.gguf": "../outside.gguf"}))),
+        Case("serve-port-past-65535", serve("--port", "99999"), r"--port 99999: out of range; give 1 to 65535", gguf),
+        Case("serve-port-negative", serve("--port", "-1"), r"--port -1: out of range", gguf),
+        Case("serve-context-negative", serve("--context", "-5"), r"--context -5: out of range", gguf),
+        Case("serve-parallel-zero", serve("--parallel", "0"), r"--parallel 0: out of range", gguf),
+        Case("serve-port-in-use", lambda d: ["serve", "got", "--port", str(_PORT[-1])],
+             r"cannot listen there \(Address already in use\); another server holds the port",
+             then(gguf, _port_in_use(_PORT))),
+        Case("serve-a-phone-program", serve(), r"an ExecuTorch program: it runs in the app on the phone, not as a "
+             r"server; serve the build of a CPU or GPU target", _pulled("w4a8-xnnpack", {"model.pte": b"PTE"})),
+    ]
+
+
+def _benchmark_cases() -> list[Case]:
+    return [Case("benchmark-unknown-path", lambda d: ["benchmark", "--paths", "nosuch", "--out", "b"],
+                 r"weight path 'nosuch' is not built by the quantize stage", copy_project, absent=("b",))]
+
+
 CASES = [*_manifest_show_cases(), *_ls_cases(), *_pull_cases(), *_select_cases(), *_releases_cases(),
-         *_check_cases(), *_patch_verify_cases()]
+         *_check_cases(), *_patch_verify_cases(), *_serve_cases(), *_benchmark_cases()]
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)

@@ -126,3 +126,22 @@ def test_dvc_shows_the_metrics_and_plots(bench, tmp_path):
     assert "Decode tokens/s per build and control" in page and "llama.cpp Q4_0" in page
     assert "Decode tokens/s against mean held-out perplexity increase" in page
     assert "per held-out genre and arm" in page and "dialogue: vllm bf16" in page
+
+
+def test_every_stage_records_its_cost_and_dvc_shows_each(bench):
+    """Each heavy stage's record carries its wall time and peak memory; the manifest
+    stage collects them into build/costs.json, which `dvc metrics show` lists."""
+    dest, env, record = bench
+    shown = json.loads(subprocess.run(["dvc", "metrics", "show", "--json"], cwd=dest, env=env, capture_output=True,
+                                      text=True, check=True).stdout)
+    costs = next(iter(shown.values()))["data"]["build/costs.json"]["data"]
+    lock = subprocess.run(["dvc", "stage", "list", "--name-only"], cwd=dest, env=env, capture_output=True, text=True,
+                          check=True).stdout.split()
+    costly = {s for s in lock if s.split("@")[0] in ("model", "calibrate", "quantize", "patch_verify", "export",
+                                                    "control", "benchmark")}
+    assert set(costs) == costly
+    for stage, cost in costs.items():
+        assert cost["wall_time_s"] > 0 and cost["peak_rss_gib"] > 0, stage
+    # the benchmark's engines ran in child processes: the stage's peak is at least theirs
+    assert record["peak_rss_bytes"] >= max(a["memory"]["rss_anon_peak_bytes"] for a in record["arms"])
+    assert costs["benchmark"]["wall_time_s"] == record["wall_time_s"]

@@ -243,6 +243,23 @@ def test_xnnpack_fp32_gate_refuses_before_lowering(default_model, shared_calibra
     assert not (tmp_path / "out").exists()
 
 
+def test_a_programs_weights_are_counted_before_it_is_built(exported, random_llama):
+    """The selector counts a program's weights from the model's shapes (``rules.memory``):
+    the built .pte holds those and under 1 MiB of program besides."""
+    from safetensors import safe_open
+
+    from edgepath.rules import memory, weight_paths
+
+    with safe_open(random_llama / "model.safetensors", "pt") as f:
+        tensors = {name: {"shape": f.get_slice(name).get_shape()} for name in f.keys()}
+    shape = memory.ModelShape.from_record({"config": json.loads((random_llama / "config.json").read_text()),
+                                           "tensors": tensors})
+    for path in ("w4a8-xnnpack", "w8a8-xnnpack"):
+        spec = weight_paths.get(path)
+        counted = memory.weights_bytes(spec, spec.group_size(None)[0], shape)
+        assert 0 <= (exported[path] / "model.pte").stat().st_size - counted < 2**20, path
+
+
 def test_truncated_pte_is_refused(exported, tmp_path):
     from edgepath.engines.executorch_runtime import PteDecoder
 

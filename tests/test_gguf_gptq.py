@@ -8,9 +8,11 @@ scored by llama.cpp against PyTorch on the same weights. A copy with each block'
 nibbles swapped must fail that check.
 """
 
+import io
 
 import numpy as np
 import pytest
+import sentencepiece
 import torch
 
 from edgepath.core import records
@@ -39,14 +41,9 @@ def on_grid(default_model, tmp_path_factory):
     hf = default_model / "hf"
     work = tmp_path_factory.mktemp("gguf-gptq")
     model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
-    policy = gguf_path.DEFAULT_POLICY
-    policy.round_to_stored(model)
-    kept = set(policy.kept_from_gptq(model.config.num_hidden_layers))
-    with torch.no_grad():
-        for name, linear in model.model.layers.named_modules(prefix="model.layers"):
-            if isinstance(linear, torch.nn.Linear) and name not in kept:
-                linear.weight.copy_(_on_grid(linear.weight))
-    counts = gguf_file.write(gguf_file.save_dequantized(model, hf, work / "hf"), work / "model.gguf", policy.type_of)
+    _put_on_grid(model, gguf_path.DEFAULT_POLICY)
+    counts = gguf_file.write(gguf_file.save_dequantized(model, hf, work / "hf"), work / "model.gguf",
+                             gguf_path.DEFAULT_POLICY.type_of)
     tokenizer = AutoTokenizer.from_pretrained(hf)
     windows = calibration.held_out_genres(tokenizer, calibration.load_corpus("mix", []), 1, 96)
     return model, work / "model.gguf", counts, {genre: w.tolist() for genre, w in windows.items()}
@@ -59,8 +56,10 @@ def test_the_policy_types_every_tensor_and_refuses_what_it_does_not_know():
     assert policy.type_of("blk.0.attn_q.weight", (576, 576), 30) == "Q4_0"
     assert policy.type_of("token_embd.weight", (49152, 576), 30) == "Q8_0"
     assert policy.type_of("blk.0.attn_norm.weight", (576,), 30) == "F32"
-    with pytest.raises(EdgepathError, match=r"output\.weight .*no type policy"):
-        policy.type_of("output.weight", (49152, 576), 30)
+    assert policy.type_of("output.weight", (151936, 1536), 28) == "Q8_0"  # a head of its own, as the table
+    assert policy.type_of("blk.0.attn_q.bias", (1536,), 28) == "F32"
+    with pytest.raises(EdgepathError, match=r"blk\.0\.ffn_gate_exps\.weight .*no type policy"):
+        policy.type_of("blk.0.ffn_gate_exps.weight", (8, 1536, 576), 30)
     assert policy.kept_from_gptq(8) == ["model.layers.0.self_attn.v_proj", "model.layers.0.mlp.down_proj",
                                         "model.layers.3.self_attn.v_proj", "model.layers.3.mlp.down_proj",
                                         "model.layers.6.self_attn.v_proj", "model.layers.6.mlp.down_proj",
@@ -70,6 +69,82 @@ def test_the_policy_types_every_tensor_and_refuses_what_it_does_not_know():
     for wrong in ({"q8_0": ("attn_z",)}, {"q8_0_layers": "some"}, {"embedding": "Q4_0"}):
         with pytest.raises(EdgepathError):
             gguf_path.TensorPolicy(**wrong)
+
+
+def _put_on_grid(model, policy) -> None:
+    """``model``'s tensors as the quantize stage leaves them for the GGUF: rounded as the
+    policy stores them, the other decoder linears on the 4-bit grid."""
+    policy.round_to_stored(model)
+    kept = set(policy.kept_from_gptq(model.config.num_hidden_layers))
+    with torch.no_grad():
+        for name, linear in model.model.layers.named_modules(prefix="model.layers"):
+            if isinstance(linear, torch.nn.Linear) and name not in kept:
+                linear.weight.copy_(_on_grid(linear.weight))
+
+
+@pytest.fixture(scope="module")
+def qwen2_on_grid(default_model, tmp_path_factory):
+    """A Qwen2 model as Qwen2.5-1.5B is built (query, key and value biases, an output head
+    of its own), small: the default model's first 4 layers in Qwen2's architecture, its
+    biases and head random, on the grid. (reference, the written GGUF, its tensor
+    counts, held-out windows)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    from edgepath.text import calibration
+
+    hf = default_model / "hf"
+    work = tmp_path_factory.mktemp("gguf-qwen2")
+    llama = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32)
+    c = llama.config
+    config = Qwen2Config(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+                         num_hidden_layers=4, num_attention_heads=c.num_attention_heads,
+                         num_key_value_heads=c.num_key_value_heads, rms_norm_eps=c.rms_norm_eps,
+                         rope_parameters=c.rope_parameters, tie_word_embeddings=False,
+                         bos_token_id=c.bos_token_id, eos_token_id=c.eos_token_id)
+    model = Qwen2ForCausalLM(config).eval()
+    kept_layers = {k: v for k, v in llama.state_dict().items()
+                   if not k.startswith("model.layers.") or int(k.split(".")[2]) < 4}
+    missing, _ = model.load_state_dict(kept_layers, strict=False)
+    assert {m.rsplit(".", 2)[-2] for m in missing} == {"q_proj", "k_proj", "v_proj"}  # their biases
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name in [*missing, "lm_head.weight"]:  # the head: the table's copy, made its own
+            p = model.get_parameter(name)
+            p.add_(0.05 * torch.randn(p.shape, generator=generator))
+    assert model.lm_head.weight is not model.model.embed_tokens.weight
+    _put_on_grid(model, gguf_path.DEFAULT_POLICY)
+    saved = gguf_file.save_dequantized(model, hf, work / "hf")
+    # llama.cpp's converter reads a Qwen2 vocabulary from tokenizer.json only where it knows
+    # the pre-tokenizer by its hash, which the default model's (converted from its GGUF) is
+    # not; a tokenizer.model it reads first. A small SentencePiece model, padded by the
+    # converter to the model's vocabulary: the windows below are token ids, scored as ids.
+    text = calibration.load_corpus("mix", [])
+    spm_model = io.BytesIO()
+    lines = next(iter(text.calibration.values())).content.splitlines()[:200]
+    sentencepiece.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=spm_model, vocab_size=64,
+                                             minloglevel=2)
+    (saved / "tokenizer.model").write_bytes(spm_model.getvalue())
+    counts = gguf_file.write(saved, work / "model.gguf", gguf_path.DEFAULT_POLICY.type_of)
+    windows = calibration.held_out_genres(AutoTokenizer.from_pretrained(hf), text, 1, 96)
+    return model, work / "model.gguf", counts, {genre: w.tolist() for genre, w in windows.items()}
+
+
+def test_a_qwen2_file_stores_its_biases_and_own_head_and_llama_cpp_reproduces_it(qwen2_on_grid, tmp_path):
+    model, path, counts, windows = qwen2_on_grid
+    kept = gguf_path.DEFAULT_POLICY.kept_from_gptq(4)
+    # 4 layers x 7 linears; the table and the head at Q8_0; 2 norms and 3 biases per layer, the final norm
+    assert counts == {"Q4_0": 28 - len(kept), "Q8_0": 2 + len(kept), "F32": 4 * 5 + 1}
+    reader = gguf_file.gguf_module().GGUFReader(path)
+    assert reader.fields["general.architecture"].contents() == "qwen2"
+    read = gguf_file.read_back(path, path.parent / "hf")
+    written = dict(model.named_parameters())
+    assert set(dict(read.named_parameters())) == set(written)
+    for name, param in read.named_parameters():  # biases, the head, the query and key rows as written
+        assert torch.equal(param, written[name]), name
+    check = gguf_path.check(path, model, "the same weights in PyTorch", windows, threads=2)
+    assert check["passed"], check["against"]
+    swapped = gguf_file.swap_nibbles(path, tmp_path / "swapped.gguf")
+    assert gguf_path.agreement(swapped, model, windows, threads=2)[0] < 0.5
 
 
 def test_decoder_matrices_are_q4_0_but_the_policy_s_q8_0_and_the_tied_embedding_q8_0(on_grid):

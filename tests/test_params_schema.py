@@ -88,7 +88,7 @@ def _delete(data, dotted):
     (lambda d: _delete(d, "model.source"), "params.yaml: model.source: missing (required)"),
     (lambda d: _delete(d, "targets"), "params.yaml: targets: missing (required)"),
     # a device tag that cannot name a stage, an artifact and a git tag
-    (lambda d: d["targets"].update({"Bad Tag": d["targets"]["host"]}),
+    (lambda d: d["targets"].update({"Bad Tag": dict(d["targets"]["host"])}),  # a copy: YAML would alias it
      "params.yaml: targets.Bad Tag: 'Bad Tag' does not match"),
 ])
 def test_a_bad_params_file_is_refused_in_one_line_naming_the_key_path(tmp_path, shipped, change, message):

@@ -48,6 +48,11 @@ def test_repro_writes_a_valid_manifest_naming_every_target(pipeline):
     assert "not in export.paths" in cpu_phone["build"]["detail"]
     for t in m["targets"]:  # verification is the manifest's, from records; no note claims otherwise
         assert not any(n.lower().startswith(("verified", "unverified")) for n in t["path"]["notes"])
+    for t in m["targets"]:  # every target fits, its built weights read from the files it ships
+        need, weights = t["memory"], [a for a in t["artifacts"] if a["name"].endswith((".safetensors", ".gguf", ".pte"))]
+        assert need["fits"] and need["need_bytes"] == need["weights_bytes"] + need["kv_cache_bytes"] + need["runtime_bytes"]
+        if weights:
+            assert need["weights_bytes"] == sum(a["size"] for a in weights) and "built" in need["weights_from"]
     assert by_tag["arm64-server"]["platform"] == "linux/arm64"
     amx = by_tag["xeon-amx"]
     assert amx["path"]["name"] == "w4a8-gptq" and amx["build"]["state"] == "built"
@@ -171,6 +176,7 @@ def test_manifest_show_prints_every_target(pipeline):
     out = _run(["edgepath", "manifest", "show"], dest, env)
     for tag in ("host", "xeon-amx", "x86-avx2", "arm64-server", "phone-npu", "phone-cpu", "gpu-cuda"):
         assert f"\n{tag} " in out and f"\n{tag}: " in out
+    assert out.count("  - memory: needs ") == 7 and "MEMORY" in out
 
 
 def test_manifest_is_validated_when_read(pipeline, tmp_path):

@@ -3,6 +3,7 @@ and manifest paths."""
 
 import hashlib
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -245,3 +246,17 @@ def test_probe_takes_a_target_released_under_its_paths_former_name():
     manifest = {"targets": [_target("amx", "w4a8-amx", "speed", _profile("xeon-amx"))]}
     assert weight_paths.current_name("w4a8-amx") == "w4a8-gptq"
     assert pull.target_for_machine(manifest, _profile("xeon-amx"))[0] == "amx"
+
+
+def test_pulls_in_one_project_read_dvc_s_index_one_at_a_time(tmp_path):
+    """Two pulls in one clone: each holds the project's index lock while DVC reads the
+    outputs and listings, so neither reads the other's half-filled index."""
+    (tmp_path / ".dvc").mkdir()
+    holder = ("import sys, time\nfrom pathlib import Path\nfrom edgepath.delivery.pull import index_lock\n"
+              "with index_lock(Path(sys.argv[1])):\n    start = time.monotonic()\n    time.sleep(1)\n"
+              "    print(start, time.monotonic())\n")
+    runs = [subprocess.Popen([sys.executable, "-c", holder, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+            for _ in range(2)]
+    (a_start, a_end), (b_start, b_end) = sorted(tuple(map(float, p.communicate(timeout=60)[0].split())) for p in runs)
+    assert b_start >= a_end > a_start  # the second held it only once the first let go
+    assert (tmp_path / ".dvc" / "tmp" / "edgepath-index.lock").is_file()

@@ -72,6 +72,27 @@ def test_hessian_accumulates_batches_like_one_pass():
     assert torch.allclose(acc.h, 2 / flat.shape[0] * flat.t() @ flat, rtol=1e-6, atol=1e-6)
 
 
+def test_hessian_is_symmetric_and_close_to_fp64_across_folds_blocks_and_outlier_channels(monkeypatch):
+    # small blocks and folds so that one test crosses both: a width that is no multiple
+    # of the block, batches that straddle a fold
+    monkeypatch.setattr(HessianAccumulator, "BLOCK", 8)
+    monkeypatch.setattr(HessianAccumulator, "FOLD_ROWS", 100)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(7, 60, 37, generator=g, dtype=torch.float64)
+    x[..., :3] *= 300  # outlier channels, as real residual streams have
+    acc = HessianAccumulator(37)
+    for batch in x:
+        acc.add(batch)
+    flat = x.reshape(-1, 37)
+    reference = 2 / flat.shape[0] * flat.t() @ flat
+    h = acc.h
+    assert h.dtype == torch.float64 and torch.equal(h, h.t())
+    d = reference.diagonal().sqrt()
+    assert ((h - reference).abs() / (d[:, None] * d[None, :])).max() < 1e-6
+    assert acc.rows == 7 * 60
+    assert torch.equal(acc.h, h)  # reading folds, never double-counts
+
+
 def test_group_aware_order_keeps_groups_whole_and_puts_important_ones_first():
     diag = torch.tensor([1.0, 2, 9, 8, 0.5, 0.1, 3, 4])
     perm = group_aware_order(diag, 2)
@@ -161,15 +182,14 @@ def test_the_signed_search_puts_code_minus_8_on_either_side_and_lowers_the_outpu
 def test_sequential_gptq_leaves_the_linears_it_is_told_to_keep(default_model, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from edgepath.quant.sequential import quantize_model
+    from edgepath.quant.sequential import GptqPlan, quantize_model
 
     tiny = write_tiny_llama(tmp_path / "tiny", default_model / "hf")
     model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval()
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     keep = {"model.layers.0.self_attn.k_proj", "model.layers.0.self_attn.v_proj", "model.layers.0.mlp.down_proj"}
     tokens = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(0))
-    quantized = quantize_model(model, tokens, 32, SEARCHES[True]["output-error"], 0.01, True,
-                               quantize_head=False, keep=keep)
+    quantized = quantize_model(model, tokens, GptqPlan(32, SEARCHES[True]["output-error"], 0.01, True, keep=keep))
     linears = {n.removesuffix(".weight") for n in before if n.startswith("model.layers.0.") and "proj" in n}
     assert set(quantized) == linears - keep
     for name, param in model.named_parameters():
@@ -210,7 +230,7 @@ def test_shared_hessians_are_the_unquantized_models_inputs(default_model, tmp_pa
 
 def test_gptq_from_shared_hessians_quantizes_each_linear_from_its_groups_hessian_on_any_thread_count(
         default_model, tmp_path):
-    from edgepath.quant.sequential import HEAD, input_hessians, quantize_from_hessians, shared_input
+    from edgepath.quant.sequential import HEAD, GptqPlan, input_hessians, quantize_from_hessians, shared_input
 
     load = _tiny_model(default_model, tmp_path)
     tokens = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(0))
@@ -221,8 +241,9 @@ def test_gptq_from_shared_hessians_quantizes_each_linear_from_its_groups_hessian
     for workers in (1, 2):
         model = load()
         before = {n: p.detach().clone() for n, p in model.named_parameters()}
-        results.append(quantize_from_hessians(model, lambda i: layers[-1 if i is None else i], 32, grid, 0.01, True,
-                                              quantize_head=True, keep=keep, workers=workers))
+        results.append(quantize_from_hessians(model, lambda i: layers[-1 if i is None else i],
+                                              GptqPlan(32, grid, 0.01, True, quantize_head=True, keep=keep,
+                                                       workers=workers)))
         assert not model.config.tie_word_embeddings  # the head untied: the embedding table stays exact
         assert torch.equal(model.get_input_embeddings().weight, before["model.embed_tokens.weight"])
         assert torch.equal(model.get_submodule("model.layers.0.mlp.down_proj").weight,

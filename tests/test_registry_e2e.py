@@ -231,13 +231,21 @@ def _wait_for(predicate, timeout: float, what: str) -> None:
 def test_server_killed_mid_push_then_push_again_leaves_no_corrupt_object(project, tmp_path):
     dest, env, server = project
     server.configure(dest, "s3b", "second", env)
-    push = subprocess.Popen(["dvc", "push", "-r", "s3b", "-j", "1"], cwd=dest, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    _wait_for(lambda: server.client().list_objects_v2(Bucket="edgepath", Prefix="second/").get("KeyCount", 0) > 0,
-              120, "the first pushed object")
+    # its output to a file: a pipe nobody reads while waiting would stall a talkative push
+    log = tmp_path / "push.log"
+    with open(log, "w") as f:
+        push = subprocess.Popen(["dvc", "push", "-r", "s3b", "-j", "1"], cwd=dest, env=env, stdout=f,
+                                stderr=subprocess.STDOUT)
+    # DVC first hashes the project's outputs and asks the remote what it has: in one CI
+    # run on 2 cores no object had landed after 120 s
+    _wait_for(lambda: push.poll() is not None
+              or server.client().list_objects_v2(Bucket="edgepath", Prefix="second/").get("KeyCount", 0) > 0,
+              600, "the first pushed object")
+    if push.poll() is not None:
+        pytest.fail(f"the push ended (exit {push.returncode}) before the server was killed:\n{log.read_text()}")
     server.stop()
-    out, _ = push.communicate(timeout=600)
-    assert push.returncode != 0, f"the push finished before the server was killed:\n{out}"
+    push.wait(timeout=600)
+    assert push.returncode != 0, f"the push finished before the server was killed:\n{log.read_text()}"
     server.start()
     _run(["dvc", "push", "-r", "s3b"], dest, env)
     objects = server.objects("second/")

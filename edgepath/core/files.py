@@ -7,7 +7,8 @@ not a regular file (a directory, a FIFO, ``/dev/zero`` behind a symlink) and any
 over a stated size limit, and turns each operating-system error into an
 ``EdgepathError`` that names the file. ``read_json`` and ``read_yaml`` add the
 document's own checks: valid UTF-8, valid syntax, a bounded nesting depth, an object
-where one is expected; YAML with unique keys that are strings as written.
+where one is expected, unique keys; YAML with keys that are strings as written and
+no aliases.
 
 ``describe`` is the CLI's last line of defence (``command.call``): an expected failure
 that escaped a reader (an OS error while writing, say) still leaves the command as one
@@ -97,10 +98,13 @@ def read_text(path: str | os.PathLike, limit: int = MAX_DOCUMENT_BYTES, missing:
 
 
 def loads_json(text: str, where: str, shape: type | None = dict) -> Any:
-    """Parse ``text`` (read from ``where``); refuse bad syntax, nesting deeper than
-    ``MAX_DEPTH`` and, where ``shape`` is given, a top level of another JSON type."""
+    """Parse ``text`` (read from ``where``); refuse bad syntax, a key twice in one object
+    (JSON readers disagree on which one wins), nesting deeper than ``MAX_DEPTH`` and,
+    where ``shape`` is given, a top level of another JSON type."""
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=_unique_keys)
+    except _RepeatedKey as e:
+        raise EdgepathError(f"{where}: key {e.args[0]!r} appears twice in one JSON object") from None
     except json.JSONDecodeError as e:
         raise EdgepathError(f"{where}: not valid JSON ({e})") from None
     except RecursionError:
@@ -109,6 +113,17 @@ def loads_json(text: str, where: str, shape: type | None = dict) -> Any:
     if shape is not None and not isinstance(data, shape):
         raise EdgepathError(f"{where}: a JSON {_json_type(data)} where a JSON {_json_type(shape())} is expected")
     return data
+
+
+class _RepeatedKey(Exception):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    found = dict(pairs)
+    if len(found) != len(pairs):
+        raise _RepeatedKey(next(k for i, (k, _) in enumerate(pairs) if k in dict(pairs[:i])))
+    return found
 
 
 def read_json(path: str | os.PathLike, shape: type | None = dict, limit: int = MAX_DOCUMENT_BYTES,
@@ -159,6 +174,8 @@ def describe(error: BaseException) -> str | None:
         return f"not valid JSON ({error})"
     if isinstance(error, RecursionError):
         return "input nested too deeply to read"
+    if isinstance(error, RuntimeError) and str(error).startswith("Symlink loop"):  # Path.resolve's own
+        return f"{str(error).removeprefix('Symlink loop from ')}: too many levels of symbolic links (a symlink loop)"
     if type(error).__module__.split(".")[0] == "yaml":
         return f"not valid YAML ({one_line(error)})"
     return None
@@ -189,10 +206,22 @@ def _json_type(value: Any) -> str:
 
 @functools.cache
 def _strict_loader():
-    """yaml.SafeLoader refusing repeated keys and keys that are not strings as written."""
+    """yaml.SafeLoader refusing aliases, repeated keys and keys that are not strings as
+    written. An alias refers to a node instead of copying it, but whatever walks the
+    document after (the depth check, the schema) meets it once per reference: nine
+    levels of ten references each is a kilobyte file that no walk finishes. No file
+    edgepath reads needs one."""
     import yaml
 
     class StrictLoader(yaml.SafeLoader):
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.AliasEvent):
+                event = self.peek_event()
+                raise yaml.composer.ComposerError(
+                    None, None, f"alias *{event.anchor} on line {event.start_mark.line + 1}: edgepath's YAML files "
+                    f"take no aliases; write the value out", event.start_mark)
+            return super().compose_node(parent, index)
+
         def construct_mapping(self, node, deep=False):
             seen: dict[str, int] = {}
             for key_node, _ in node.value:
@@ -250,11 +279,17 @@ def check_replaceable_directory(out: str | os.PathLike, is_own: Callable[[Path],
     if place == Path.cwd() or place in Path.cwd().parents:
         raise EdgepathError(f"{out}: is the current directory or one above it; name a directory of its own")
     for source in reads:
-        for a, b in ((place, Path(os.path.abspath(source))), (place.resolve(), Path(source).resolve())):
+        # realpath, not Path.resolve: a symlink loop stays a path (its reader names the
+        # loop) instead of a RuntimeError
+        for a, b in ((place, Path(os.path.abspath(source))), (Path(os.path.realpath(place)),
+                                                              Path(os.path.realpath(source)))):
             if a == b or a in b.parents or (b in a.parents and not may_lie_inside_reads):
                 raise EdgepathError(f"{out}: " + overlap.format(source=source))
     if place.is_symlink() or place.exists():
-        if place.is_symlink() or not place.is_dir():
+        if place.is_symlink():  # replacing it would replace the link, not write where it points
+            raise EdgepathError(f"{out}: is a symbolic link; not replaced (name the directory it points to, "
+                                f"{os.path.realpath(place)}, or write elsewhere)")
+        if not place.is_dir():
             raise EdgepathError(f"{out}: exists and is not a directory; not replaced (remove it, or write elsewhere)")
         entries = sorted(p.name for p in place.iterdir())
         if entries and not is_own(place):

@@ -23,7 +23,7 @@ from typing import Any
 from . import atomic, files
 from .errors import EdgepathError
 
-SCHEMA_VERSIONS = {"profile": 1, "model": 1, "calibration": 1, "selection": 5, "manifest": 9, "quantization": 2,
+SCHEMA_VERSIONS = {"profile": 1, "model": 1, "calibration": 1, "selection": 6, "manifest": 10, "quantization": 2,
                    "engine_check": 3, "gguf_check": 1, "patch_verify": 3, "control": 1, "benchmark": 2,
                    "export": 2, "pull": 2, "releases": 1, "device": 1}
 # Where a command puts its record in its output directory: read by the stage after it
@@ -36,6 +36,8 @@ FILE_NAMES = {"model": "model.json", "calibration": "calibration.json", "quantiz
 # Documents checked against a schema of their own that are not records (no kind, no
 # schema_version): params.yaml.
 DOCUMENT_SCHEMAS = ("params",)
+# Arrays whose items a key names, which JSON Schema cannot make unique: (array, key).
+UNIQUE_ITEMS = {"manifest": ("targets", "tag")}
 # Kinds a reader accepts from a newer writer, ignoring the keys it does not know:
 # profiles are captured on devices that may run a newer edgepath.
 FORWARD_COMPATIBLE = frozenset({"profile"})
@@ -86,6 +88,13 @@ def validate(name: str, record: Any, where: str = "record") -> None:
     if error is not None:
         field = "/".join(str(p) for p in error.absolute_path) or "(top level)"
         raise EdgepathError(f"{where}: not a valid {name} record: at {field}: {error.message}")
+    if name in UNIQUE_ITEMS:
+        array, key = UNIQUE_ITEMS[name]
+        seen = [item[key] for item in record[array]]
+        twice = sorted({k for k in seen if seen.count(k) > 1})
+        if twice:
+            raise EdgepathError(f"{where}: not a valid {name} record: {array} has {key} {', '.join(twice)} more "
+                                f"than once")
 
 
 def dumps(record: dict[str, Any]) -> str:

@@ -32,6 +32,7 @@ def run_in_image(stage: str, stage_args: list[str], *, image_name: str | None, t
     from ..rules import fleet
     from . import images
 
+    images.check_registry(registry)
     if image_name:
         if image_name not in images.IMAGES:
             raise EdgepathError(f"unknown image {image_name!r}; images: {', '.join(images.IMAGES)}")

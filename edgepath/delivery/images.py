@@ -32,6 +32,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -50,6 +51,19 @@ SOURCE = "https://github.com/edgepath/edgepath"
 LOCAL_REGISTRY = "localhost"
 DEVICE_REPOSITORY = "edgepath"
 """Per-device tags live in one repository: ``<registry>/edgepath:<device-tag>``."""
+# An image reference's registry and namespace as the OCI distribution spec spells them:
+# a host (lower-case DNS labels, optionally :port), then repository path components.
+_REGISTRY = re.compile(r"[a-z0-9](?:[a-z0-9-]*[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]*[a-z0-9])?)*(?::[0-9]{1,5})?"
+                       r"(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*")
+
+
+def check_registry(registry: str) -> str:
+    """``registry`` where it can prefix an image reference; refused otherwise (it reaches
+    the workflow's docker commands)."""
+    if not _REGISTRY.fullmatch(registry):
+        raise EdgepathError(f"--registry {registry!r}: not a registry: a host (lower case, optionally :port) "
+                            f"and path, e.g. ghcr.io/edgepath or localhost:5000")
+    return registry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,7 +248,7 @@ def add_reference_options(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_plan(args: argparse.Namespace) -> None:
-    the_plan = plan(fleet.load(args.params), Path(args.params).parent, args.registry, args.version)
+    the_plan = plan(fleet.load(args.params), Path(args.params).parent, check_registry(args.registry), args.version)
     if args.json:
         sys.stdout.write(json.dumps(the_plan, indent=2) + "\n")
         return

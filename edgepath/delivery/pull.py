@@ -13,6 +13,7 @@ Lifecycle of ``edgepath pull <tag> [--version V] -o DIR``:
    build). Each file is found, by md5, in the stage output that holds it (a
    directory output's listing is its ``.dir`` object, which DVC reads from the
    local cache or the remote; it must hash to the name ``dvc.lock`` gives it).
+   Pulls in one project read listings one at a time (``index_lock``).
 4. Exactly those objects are downloaded into a scratch directory beside
    ``DIR`` (which must be missing, empty, or an earlier pull: its receipt marks
    it, ``records.output_directory``); every file's size and sha256 must be the
@@ -42,6 +43,8 @@ directory.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -222,6 +225,22 @@ def device_files(entry: dict[str, Any]) -> list[dict[str, Any]]:
 _PULL_REMOTE = "edgepath-pull"
 
 
+@contextlib.contextmanager
+def index_lock(root: Path):
+    """Held while DVC reads a project's stage outputs and listings: DVC keeps one
+    data index per project and fills it as it reads ``.dir`` objects. In one CI run,
+    one of two concurrent pulls in a clone read a listing that hashed to another name
+    ("altered"); not reproduced since, and this shared index is the state two pulls
+    share there. A project without ``.dvc/`` takes no lock; DVC refuses it next."""
+    if not (root / ".dvc").is_dir():
+        yield
+        return
+    (root / ".dvc" / "tmp").mkdir(exist_ok=True)
+    with open(root / ".dvc" / "tmp" / "edgepath-index.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes
+        yield
+
+
 class Lock:
     """The stage outputs a ``dvc.lock`` names, as DVC reads it (``dvc.api.DVCFileSystem``
     on the project at ``rev``: a git revision, or None for the workspace), and the
@@ -239,9 +258,11 @@ class Lock:
         # config committed at ``rev``, which may lack a remote that config.local sets keys for
         config = self.remote and {"core": {"remote": _PULL_REMOTE},
                                   "remote": {**self.remote.all_config, _PULL_REMOTE: self.remote.config}}
+        self.root = root
         self.fs = DVCFileSystem(str(root), rev=rev, config=config)
         try:
-            outs = [o for o in self.fs.repo.index.outs if o.hash_info and o.hash_info.value]
+            with index_lock(root):
+                outs = [o for o in self.fs.repo.index.outs if o.hash_info and o.hash_info.value]
         except DvcException as e:
             raise EdgepathError(f"{where}: not a dvc.lock with stage outputs ({one_line(e)})") from None
         if not outs:
@@ -260,7 +281,8 @@ class Lock:
 
         what, remote = f"{out.path} (listing {out.md5})", self.remote
         try:
-            found = self.fs.find(out.path, detail=True, dvc_only=True)
+            with index_lock(self.root):
+                found = self.fs.find(out.path, detail=True, dvc_only=True)
         except DataIndexDirError as e:  # DVC's wrapper around what the storage raised
             raise remote._fail(what, e.__cause__ or e) from None
         except FileNotFoundError as e:

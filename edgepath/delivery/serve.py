@@ -2,9 +2,12 @@
 
 Lifecycle of ``edgepath serve DIR [--host H] [--port P] [--parallel N] [--context T] [--engine-args=ARGS]``:
 
+0. Check the address and the sizes (``check_listen``): the port in range and free,
+   ``--parallel`` and ``--context`` in range.
 1. Read what ``DIR`` holds: an ``edgepath pull`` receipt (``edgepath-pull.json``)
    or a device bundle's record (``edgepath-device.json``, ``build/devices/<tag>``).
-   Either names the device's weight path and every file with its size and sha256.
+   Either names the device's weight path and every file with its size and sha256,
+   each inside ``DIR`` (the rule ``pull`` names files by).
 2. Check every file against it: a missing, altered or extra file refuses ``DIR``,
    naming the file (an extra ``.safetensors`` beside the checkpoint would be loaded).
 3. Plan the weight path's engine as a server (``server_command``):
@@ -33,6 +36,7 @@ server process until its ``/health`` answers, and posts JSON to it.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import shlex
@@ -51,8 +55,9 @@ from .. import paths
 from ..core import records
 from ..core.command import Command
 from ..core.errors import EdgepathError
-from ..core.files import sha256_file
+from ..core.files import safe_relative, sha256_file
 from ..rules import weight_paths
+from ..rules.memory import DEFAULT_CONTEXT
 from ..rules.versions import build_files
 
 RECORDS = (records.FILE_NAMES["pull"], records.FILE_NAMES["device"])
@@ -71,18 +76,22 @@ class Build:
 
 
 def read_build(directory: str | os.PathLike) -> Build:
-    """The build ``directory`` holds, as its record names it (not yet checked)."""
+    """The build ``directory`` holds, as its record names it (its files not yet checked);
+    a file named outside the directory (absolute, or through ``..``) is refused by the
+    rule ``pull`` refuses it by (``files.safe_relative``)."""
     root = Path(directory)
     if not root.is_dir():
         raise EdgepathError(f"{root}: not a directory; serve the directory `edgepath pull` or the bundle stage wrote")
     receipt, device = (root / name for name in RECORDS)
     if receipt.exists():
         record = records.read(receipt, "pull")
-        files = [{"name": f["path"], "size": f["size"], "sha256": f["sha256"]} for f in record["files"]]
+        files = [{"name": safe_relative(f["path"], f"{receipt}: a file's path"), "size": f["size"],
+                  "sha256": f["sha256"]} for f in record["files"]]
         return Build(root, record["tag"], record["path"]["name"], tuple(files))
     if device.exists():
         target = records.read(device, "device")["target"]
-        files = [{"name": f["name"], "size": f["size"], "sha256": f["sha256"]} for f in build_files(target)]
+        files = [{"name": safe_relative(f["name"], f"{device}: a file's name"), "size": f["size"],
+                  "sha256": f["sha256"]} for f in build_files(target)]
         return Build(root, target["tag"], target["path"]["name"], tuple(files))
     raise EdgepathError(f"{root}: holds neither {RECORDS[0]} nor {RECORDS[1]}; serve the directory "
                         f"`edgepath pull <tag> -o DIR` or the bundle stage wrote")
@@ -98,7 +107,7 @@ def check_files(build: Build) -> None:
         size = file.stat().st_size
         sha = sha256_file(file) if size == f["size"] else None
         if (size, sha) != (f["size"], f["sha256"]):
-            raise EdgepathError(f"{file}: altered: {size} bytes{f', sha256 ' + sha if sha else ''}; the build's "
+            raise EdgepathError(f"{file}: altered: {size} bytes{', sha256 ' + sha if sha else ''}; the build's "
                                 f"record says {f['size']} bytes, sha256 {f['sha256']} (pull the build again)")
     for file in sorted(build.root.rglob("*")):
         rel = file.relative_to(build.root).as_posix()
@@ -117,11 +126,41 @@ def server_command(spec: weight_paths.WeightPathSpec, model: Path, name: str, ho
                                          dict(os.environ if environ is None else environ))
 
 
+# The most sequences a server decodes at once, and tokens per sequence: past these a
+# number is a typo, not a plan (params.schema.json's target context has the same bound).
+MAX_PARALLEL = 1024
+MAX_CONTEXT = 1 << 20
+
+
+def check_listen(host: str, port: int, parallel: int, context: int) -> None:
+    """Refuse, before any engine starts, a port outside 1-65535 or in use on ``host``,
+    and a ``parallel`` or ``context`` outside its range: an engine given them fails
+    later, or (llama-server given a port past 65535) listens somewhere else."""
+    for name, value, top in (("--port", port, 65535), ("--parallel", parallel, MAX_PARALLEL),
+                             ("--context", context, MAX_CONTEXT)):
+        if not 1 <= value <= top:
+            raise EdgepathError(f"{name} {value}: out of range; give 1 to {top}")
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise EdgepathError(f"--host {host!r}: not an address this machine can listen on ({e.strerror})") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe_socket:
+        probe_socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers themselves bind
+        try:
+            probe_socket.bind(address)
+        except OSError as e:
+            raise EdgepathError(f"--host {host} --port {port}: cannot listen there ({e.strerror}); "
+                                f"{'another server holds the port: ' if e.errno == errno.EADDRINUSE else ''}"
+                                f"give another --port or --host") from None
+
+
 def plan(directory: str | os.PathLike, host: str, port: int, parallel: int, context: int,
          engine_args: list[str] = ()) -> tuple[Build, list[str], dict[str, str]]:
     """Steps 1-3 of the lifecycle: the checked build, and its server's argv and environment."""
     from ..stages.probe import probe
 
+    check_listen(host, port, parallel, context)
     build = read_build(directory)
     spec = weight_paths.get(build.path)
     check_files(build)
@@ -224,7 +263,9 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
     p.add_argument("--parallel", type=int, default=4,
                    help="sequences decoded at once: llama-server's slots, vLLM's --max-num-seqs (default: 4)")
-    p.add_argument("--context", type=int, default=2048, help="tokens per sequence, prompt and answer (default: 2048)")
+    p.add_argument("--context", type=int, default=DEFAULT_CONTEXT,
+                   help=f"tokens per sequence, prompt and answer (default: {DEFAULT_CONTEXT}, the context the "
+                        f"select stage counts a build's memory at)")
     p.add_argument("--engine-args", type=shlex.split, default="", metavar="ARGS",
                    help="more arguments for the server, split as a shell would: --engine-args=--enforce-eager")
 

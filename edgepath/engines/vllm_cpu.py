@@ -36,6 +36,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from ..rules.memory import VLLM_CPU_KV_SPACE_GIB
+
 _CPUS = sorted(os.sched_getaffinity(0))
 """The CPUs this process may run on (a container's cpuset, not the machine's count)."""
 
@@ -46,7 +48,7 @@ ENGINE_ENV = {
     # for the frontend; binding to every CPU uses both. Unbound ("nobind"): 0.89x and
     # 1.19x in two runs of benchmarks/step_cost.py, inside the noise (module docstring)
     "VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, _CPUS)),
-    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_CPU_KVCACHE_SPACE": str(VLLM_CPU_KV_SPACE_GIB),
     "OMP_NUM_THREADS": str(len(_CPUS)),
 }
 

@@ -44,6 +44,12 @@ from .gguf_q4_0_format import BLOCK_BYTES, GgufQ4_0
 TypeOf = Callable[[str, Sequence[int], int], str]
 """A per-tensor policy: the GGUF type of tensor ``name`` of ``shape`` in a file of ``layers`` decoder layers."""
 
+# The architectures ``read_back`` knows, by GGUF name: whether llama.cpp's converter
+# permutes their query and key rows. Llama's rotary embedding rotates interleaved pairs
+# in llama.cpp, so the converter reorders Hugging Face's half-split rows; Qwen2's runs
+# llama.cpp's NEOX rotation, which is Hugging Face's own order, and keeps them.
+PERMUTES_QUERY_KEY = {"llama": True, "qwen2": False}
+
 
 def converter_dir() -> Path:
     """Where set-up put llama.cpp's converter (``.venv/share/edgepath/llama.cpp``)."""
@@ -155,8 +161,9 @@ def read_back(gguf: str | os.PathLike, model_dir: str | os.PathLike):
     """The model of ``model_dir`` (PyTorch, fp32) with every tensor replaced by the
     GGUF's, dequantized by gguf-py, the query and key rows put back in Hugging Face's
     order: the weights the file holds, as the reference the patch-verify stage runs
-    llama.cpp against. Llama-architecture files only (their converter's permutation
-    is undone here); a tensor of the model the file lacks is refused."""
+    llama.cpp against. Architectures of ``PERMUTES_QUERY_KEY`` only (their converter's
+    permutation, where it makes one, is undone here); a tensor of the model the file
+    lacks is refused."""
     import numpy as np
     import torch
     from transformers import AutoModelForCausalLM
@@ -164,11 +171,12 @@ def read_back(gguf: str | os.PathLike, model_dir: str | os.PathLike):
     gguf_py = gguf_module()
     reader = gguf_py.GGUFReader(gguf)
     arch = reader.fields[gguf_py.Keys.General.ARCHITECTURE].contents()
-    if arch != "llama":
-        raise EdgepathError(f"{gguf}: a {arch} GGUF; reading one back knows the llama architecture only")
+    if arch not in PERMUTES_QUERY_KEY:
+        raise EdgepathError(f"{gguf}: a {arch} GGUF; reading one back knows {', '.join(PERMUTES_QUERY_KEY)}")
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True).eval()
     config = model.config
-    names = gguf_py.get_tensor_name_map(gguf_py.MODEL_ARCH.LLAMA, config.num_hidden_layers)
+    model_arch = next(a for a, name in gguf_py.MODEL_ARCH_NAMES.items() if name == arch)
+    names = gguf_py.get_tensor_name_map(model_arch, config.num_hidden_layers)
     stored = {t.name: t for t in reader.tensors}
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -182,7 +190,7 @@ def read_back(gguf: str | os.PathLike, model_dir: str | os.PathLike):
             values = values.reshape(param.shape)
             heads = {"q_proj": config.num_attention_heads, "k_proj": config.num_key_value_heads}
             head_count = next((n for proj, n in heads.items() if f".{proj}." in name), None)
-            if head_count:  # the converter's rotary permutation: [heads, 2, d/2] -> [heads, d/2, 2]
+            if head_count and PERMUTES_QUERY_KEY[arch]:  # the converter's: [heads, 2, d/2] -> [heads, d/2, 2]
                 values = values.reshape(head_count, values.shape[0] // head_count // 2, 2, -1) \
                     .swapaxes(1, 2).reshape(param.shape)
             param.copy_(torch.tensor(values))

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core import files
-from ..core.errors import EdgepathError
+from ..core.errors import EdgepathError, one_line
 from ..core.files import sha256_file
 
 # Decoder-only architectures whose checkpoints use the Llama tensor layout
@@ -227,11 +227,27 @@ def weight_files(d: Path) -> list[Path]:
     raise EdgepathError(f"{d}: no weights (no *.safetensors file)")
 
 
+def _check_tokenizer_json(path: Path) -> None:
+    """``path`` read as transformers reads it: the ``tokenizers`` library parses the
+    whole file, and transformers' fast tokenizer takes ``added_tokens`` (a list) out of it
+    first itself, so a file without it loads here and fails in every later stage."""
+    import tokenizers
+
+    document = _load_json(path, "tokenizer")
+    for key, kind, name in (("model", dict, "object"), ("added_tokens", list, "array")):
+        if not isinstance(document.get(key), kind):
+            raise EdgepathError(f"{path}: not a tokenizers file: its {key!r} is "
+                                f"{'missing' if key not in document else 'not a JSON ' + name}")
+    try:
+        tokenizers.Tokenizer.from_str(json.dumps(document))
+    except Exception as e:  # the library raises plain Exceptions with its parser's message
+        raise EdgepathError(f"{path}: not a tokenizer the tokenizers library reads ({one_line(e)})") from None
+
+
 def _check_tokenizer(d: Path) -> list[str]:
     present = [name for name in TOKENIZER_FILES if os.path.lexists(d / name)]
     if "tokenizer.json" in present:
-        if "model" not in _load_json(d / "tokenizer.json", "tokenizer"):
-            raise EdgepathError(f"{d / 'tokenizer.json'}: not a tokenizers file (no 'model' entry)")
+        _check_tokenizer_json(d / "tokenizer.json")
     elif "tokenizer.model" in present:
         with files.open_regular(d / "tokenizer.model") as f:
             if not f.read(1):

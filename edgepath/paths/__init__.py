@@ -25,7 +25,8 @@ Lifecycle of a quantize-stage build, as the stages call its family:
    ``before_gptq`` (what the path fixes before GPTQ: tensors kept out of it),
    ``head_record``, then ``publish`` (pack, write, check in the real engine, publish
    atomically) and ``check_line`` (the command's summary of the check).
-2. patch-verify: ``verify`` writes the record, ``verify_line`` summarises it.
+2. patch-verify: ``verify`` makes the record (the stage writes it, with its cost),
+   ``verify_line`` summarises it.
 3. benchmark: ``benchmark_arm``, the engine over the build.
 4. manifest: ``check_kind`` and ``check_summary`` (the build's own check record),
    ``verified_detail`` (its patch-verify record).
@@ -111,9 +112,9 @@ class WeightPath:
         raise self._not_for("quantized checkpoint")
 
     # ------------------------------------------------------------ patch-verify
-    def verify(self, artifact: Path, model_dir: Path, out: Path, host, corpus: str,
+    def verify(self, artifact: Path, model_dir: Path, host, corpus: str,
                holdout: tuple[str, ...]) -> dict[str, Any]:
-        """patch-verify's record of ``artifact`` on ``host``, written to ``out``."""
+        """patch-verify's record of ``artifact`` on ``host``."""
         raise self._not_for("patch-verify")
 
     def verify_line(self, record: dict[str, Any]) -> str:

@@ -3,7 +3,8 @@
 What the stages ask of it (``paths.WeightPath``):
 
 - quantize: before GPTQ, the tensors the file stores above 4 bits (``TensorPolicy``,
-  ``DEFAULT_POLICY``: the embedding and tied head, the key and value projections)
+  ``DEFAULT_POLICY``: the embedding, the output head, tied or not, and the key and
+  value projections)
   are rounded to Q8_0 and kept out of GPTQ, so GPTQ and the report see the
   file's weights; then the file is written (``formats.gguf_file.write``, Q4_0 blocks
   from ``formats.gguf_q4_0_format``) and ``check``ed in llama.cpp against the same
@@ -42,6 +43,7 @@ from . import QuantizedModel, WeightPath, one_file, register
 AGREEMENT_PASS = 0.90
 FILE_NAME = "model.gguf"
 EMBEDDING = "token_embd.weight"
+OUTPUT = "output.weight"  # a head the model does not tie to its embedding table
 EMBEDDING_TYPES = ("Q8_0", "F16", "F32")
 # A Q8_0 block: 32 int8 codes and an fp16 scale, 34 bytes per 32 weights.
 Q8_0_BITS = 8.5
@@ -68,8 +70,9 @@ class TensorPolicy:
     policy, kept apart from the numeric packing."""
 
     embedding: str = "Q8_0"
-    """The embedding table and tied head: llama.cpp's own choice for Q4_0 files on rows not
-    a multiple of 256 (its Q6_K falls back to Q8_0)."""
+    """The embedding table and the output head, tied or not: llama.cpp's own choice for
+    Q4_0 files on rows not a multiple of 256. On wider rows llama.cpp stores the head as
+    Q6_K, which gguf-py cannot quantize; Q8_0 is exact in both and 2 bits wider."""
     q8_0: tuple[str, ...] = ()
     """Decoder matrices (``MATRICES`` keys) stored as Q8_0 rather than GPTQ's Q4_0, in the
     layers ``q8_0_layers`` names: GPTQ leaves them alone and they are rounded to Q8_0."""
@@ -91,12 +94,12 @@ class TensorPolicy:
         """The GGUF type of tensor ``name`` in a file of ``layers`` decoder layers."""
         if matrix := _DECODER_MATRIX.fullmatch(name):
             return "Q8_0" if self._at_q8_0(matrix[2], int(matrix[1]), layers) else "Q4_0"
-        if name == EMBEDDING:
+        if name in (EMBEDDING, OUTPUT):
             return self.embedding
-        if len(shape) == 1:
+        if len(shape) == 1:  # norms and biases
             return "F32"
-        raise EdgepathError(f"{name} {tuple(shape)}: no type policy for this tensor (an untied output head, "
-                            f"or an architecture the Q4_0 path does not know)")
+        raise EdgepathError(f"{name} {tuple(shape)}: no type policy for this tensor (an architecture the Q4_0 "
+                            f"path does not know)")
 
     def kept_from_gptq(self, layers: int) -> list[str]:
         """The Hugging Face prefixes (``model.layers.N.<module>``) of the matrices stored as
@@ -105,14 +108,15 @@ class TensorPolicy:
                 if self._at_q8_0(m, i, layers)]
 
     def round_to_stored(self, model):
-        """``model`` (PyTorch) with its embedding table (so its tied head) and its Q8_0
-        matrices rounded as ``write`` stores them; done before GPTQ, so that GPTQ
-        calibrates on them and the result is what the GGUF must reproduce."""
+        """``model`` (PyTorch) with its embedding table, its head (where not tied to the
+        table) and its Q8_0 matrices rounded as ``write`` stores them; done before GPTQ,
+        so that GPTQ calibrates on them and the result is what the GGUF must reproduce."""
         import torch
 
         from ..formats import gguf_file
 
-        rounded = [(model.get_input_embeddings().weight, self.embedding)]
+        table, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+        rounded = [(table, self.embedding)] + ([(head, self.embedding)] if head is not table else [])
         layers = model.config.num_hidden_layers
         rounded += [(model.get_submodule(p).weight, "Q8_0") for p in self.kept_from_gptq(layers)]
         with torch.no_grad():
@@ -211,8 +215,8 @@ class GgufQ4_0Path(WeightPath):
 
     def refuse(self, settings) -> None:
         if settings.head != "bf16":
-            raise EdgepathError(f"quantize.head {settings.head!r}: {self.spec.name} keeps the output head tied to the "
-                                f"embedding table, which its GGUF stores as Q8_0; the head setting 'int4' is for vLLM "
+            raise EdgepathError(f"quantize.head {settings.head!r}: {self.spec.name}'s GGUF stores the output head "
+                                f"as Q8_0, as it stores the embedding table; the head setting 'int4' is for vLLM "
                                 f"paths")
 
     def before_gptq(self, model, shared, settings, started: float) -> tuple[list[str], dict[str, Any]]:
@@ -257,7 +261,7 @@ class GgufQ4_0Path(WeightPath):
         check = records.read(out / records.FILE_NAMES[self.check_kind], self.check_kind)
         return f"llama.cpp check passed (top-1 agreement {top1_against(check, 'reference'):.3f})"
 
-    def verify(self, artifact: Path, model_dir: Path, out: Path, host, corpus: str,
+    def verify(self, artifact: Path, model_dir: Path, host, corpus: str,
                holdout: tuple[str, ...]) -> dict[str, Any]:
         """llama.cpp against the file's own weights read back, and a copy with its
         nibbles swapped that must fail (module docstring)."""
@@ -285,7 +289,7 @@ class GgufQ4_0Path(WeightPath):
         if swapped >= AGREEMENT_PASS:
             failures.append(f"a copy with its nibbles swapped scored {swapped:.3f}, not under {AGREEMENT_PASS}: "
                             f"the check cannot see a packing mistake")
-        record = {
+        return {
             **records.envelope("patch_verify"), "path": self.spec.name, "artifact": str(artifact),
             "host": {"digest": host.digest(), "summary": host.summary()}, "engine": self.engine.value,
             "engine_kwargs": {}, "engine_env": {}, "not_run": None, "starts": None, "patches": {},
@@ -293,8 +297,6 @@ class GgufQ4_0Path(WeightPath):
                       "swapped_nibbles": {TOP1: round(swapped, 4), "failed": swapped < AGREEMENT_PASS}},
             "passed": not failures, "failures": failures,
         }
-        records.write(out, "patch_verify", record)
-        return record
 
     def verify_line(self, record: dict[str, Any]) -> str:
         check = record["check"]

@@ -462,7 +462,7 @@ class VllmCheckpointPath(WeightPath):
         check = records.read(out / CHECK_NAME, self.check_kind)
         return f"engine check not run: {check['not_run']}" if check["not_run"] else "engine check passed"
 
-    def verify(self, artifact: Path, model_dir: Path, out: Path, host: HardwareProfile, corpus: str,
+    def verify(self, artifact: Path, model_dir: Path, host: HardwareProfile, corpus: str,
                holdout: tuple[str, ...]) -> dict[str, Any]:
         """Whether this host can run the path at all, then the two starts, the check's
         measurements in the warm one against the checkpoint's own weights dequantized
@@ -483,7 +483,6 @@ class VllmCheckpointPath(WeightPath):
         if reason is not None:
             record.update(not_run=reason, starts=None, patches=None, check=None, passed=False,
                           failures=[f"not run: {reason}"])
-            records.write(out, "patch_verify", record)
             return record
 
         from transformers import AutoTokenizer
@@ -517,7 +516,6 @@ class VllmCheckpointPath(WeightPath):
         record.update(not_run=None, starts={"cold_s": cold["start_s"], "warm_s": warm["start_s"]},
                       patches=patches, check={k: v for k, v in checked.items() if k not in ("engine", "not_run")},
                       passed=not failures, failures=failures)
-        records.write(out, "patch_verify", record)
         return record
 
     def verify_line(self, record: dict[str, Any]) -> str:

@@ -95,13 +95,13 @@ def quantize_8da4w(model, hessian_of, search: str, damp: float, group_order: boo
     import dataclasses
 
     from ..quant.gptq import grid
-    from ..quant.sequential import quantize_from_hessians
+    from ..quant.sequential import GptqPlan, quantize_from_hessians
 
     four_bit = quantize_8bit(model, leave_for_4bit=True)
     positive = dataclasses.replace(grid(True, search), signed=False)  # XNNPACK takes positive scales only
     eight_bit = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and n not in four_bit]
-    layers = quantize_from_hessians(model, hessian_of, GROUP_SIZE, positive, damp, group_order, quantize_head=False,
-                                    keep=eight_bit)
+    layers = quantize_from_hessians(model, hessian_of, GptqPlan(GROUP_SIZE, positive, damp, group_order,
+                                                                keep=eight_bit))
     load_4bit(model, layers)
     return layers
 

@@ -4,7 +4,7 @@ Lifecycle, per linear layer ``W [N out, K in]``:
 
 1. The caller accumulates the Hessian of the layer's output error,
    ``H = 2/n sum x x^T`` over calibration inputs ``x [K]`` (``HessianAccumulator``:
-   summed in fp64, since a running fp32 sum made Cholesky fail on real activations).
+   its upper triangle, fp32 products folded into an fp64 sum).
 2. ``quantize_layer`` orders the columns group-aware (groups by importance
    ``sum diag(H)``, columns within a group likewise; group membership stays
    ``k // g``, so the checkpoint keeps a trivial ``g_idx``), damps ``H`` and runs
@@ -186,20 +186,49 @@ Grid = ScaleSearch | MinMaxGrid
 
 
 class HessianAccumulator:
-    """Running ``2/n sum x x^T`` over rows of ``x [..., K]``: each batch's product in
-    fp32 (half the time of fp64, and most of a GPTQ pass's time at 1536 inputs), the
-    running sum in fp64."""
+    """Running ``2/n sum x x^T`` over rows of ``x [..., K]``, read as ``h`` (fp64).
+
+    Cost, not precision, shapes it: the products are most of a calibration pass's time
+    (93 s per layer of Qwen2.5-1.5B at 65k tokens). ``H`` is symmetric, so each batch
+    adds only its upper triangle, in row blocks of ``BLOCK`` (half the multiply-adds;
+    the lower half of each diagonal block comes free and is dropped when read). The
+    products go into an fp32 sum in place, folded into the fp64 total every
+    ``FOLD_ROWS`` rows: a running fp32 sum over a whole pass made Cholesky fail on
+    real activations, and 16k rows of fp32 keep the relative error near 1e-7 of
+    ``sqrt(H_ii H_jj)``, far below GPTQ's damping (1 % of the mean diagonal).
+    ``2/n`` is applied once, when read."""
+
+    BLOCK = 256
+    FOLD_ROWS = 16384
 
     def __init__(self, in_features: int) -> None:
-        self.h = torch.zeros(in_features, in_features, dtype=torch.float64)
+        self._total = torch.zeros(in_features, in_features, dtype=torch.float64)
+        self._partial = torch.zeros(in_features, in_features, dtype=torch.float32)
+        self._partial_rows = 0
         self.rows = 0
 
     def add(self, x: torch.Tensor) -> None:
         x = x.reshape(-1, x.shape[-1]).to(torch.float32)
-        n = x.shape[0]
-        self.h *= self.rows / (self.rows + n)
-        self.rows += n
-        self.h += (x.t() @ x).to(torch.float64) * (2.0 / self.rows)
+        k = x.shape[1]
+        for start in range(0, k, self.BLOCK):
+            stop = min(start + self.BLOCK, k)
+            self._partial[start:stop, start:].addmm_(x[:, start:stop].t(), x[:, start:])
+        self.rows += x.shape[0]
+        self._partial_rows += x.shape[0]
+        if self._partial_rows >= self.FOLD_ROWS:
+            self._fold()
+
+    def _fold(self) -> None:
+        self._total += self._partial
+        self._partial.zero_()
+        self._partial_rows = 0
+
+    @property
+    def h(self) -> torch.Tensor:
+        """``2/n sum x x^T`` so far (fp64, symmetric); zeros before any row."""
+        self._fold()
+        upper = self._total.triu()
+        return (upper + upper.triu(1).t()) * (2.0 / max(self.rows, 1))
 
 
 def group_aware_order(diag: torch.Tensor, group_size: int) -> torch.Tensor:

@@ -14,8 +14,9 @@ tokens' inputs ``x [K]`` of the unquantized model. Accumulated in fp64
 (``gptq.HessianAccumulator``), stored in fp32: GPTQ damps the diagonal by 1 % of
 its mean before the Cholesky, far above fp32's relative rounding of 2^-24.
 
-A file is read only when its sha256 is the one the record names, so a truncated,
-corrupt or stale file is refused, never quantized from.
+Every file is hashed when the store is opened, before any GPTQ runs, and again when
+its layer is read: a truncated, corrupt or stale file is refused, never quantized
+from, and refused before minutes of work that it would end.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 import torch
 
 from ..core.errors import EdgepathError
+from ..core.files import sha256_file
 
 FOLDER = "hessians"
 HEAD_FILE = "head.safetensors"
@@ -50,8 +52,8 @@ def write(folder: Path, layer: int | None, hessians: dict[str, torch.Tensor]) ->
 class HessianStore:
     """``store(layer)`` -> that layer's ``{key: H}`` (fp64; None: the head's), read
     from ``folder`` once its file's sha256 matches ``files`` (the record's entries).
-    A file missing or of another size is refused up front, before any GPTQ runs; a
-    changed byte when its layer is read."""
+    Every file is checked when the store opens (missing, of another size, another
+    sha256), before any GPTQ runs, and its sha256 again when its layer is read."""
 
     def __init__(self, folder: Path, files: list[dict[str, Any]]) -> None:
         self.folder = folder
@@ -63,6 +65,12 @@ class HessianStore:
             if path.stat().st_size != f["bytes"]:
                 raise EdgepathError(f"{path}: {path.stat().st_size} bytes, not the {f['bytes']} the calibration "
                                     "record names: truncated or from another run (re-run the calibrate stage)")
+            self._check(path, sha256_file(path))
+
+    def _check(self, path: Path, sha256: str) -> None:
+        if sha256 != self.digests[path.name]:
+            raise EdgepathError(f"{path}: its sha256 is not the one the calibration record names: the file is "
+                                "corrupt, truncated or from another run (re-run the calibrate stage)")
 
     def __call__(self, layer: int | None) -> dict[str, torch.Tensor]:
         from safetensors.torch import load
@@ -75,7 +83,5 @@ class HessianStore:
         if not path.is_file():
             raise EdgepathError(f"{path}: missing (re-run the calibrate stage)")
         data = path.read_bytes()
-        if hashlib.sha256(data).hexdigest() != self.digests[name]:
-            raise EdgepathError(f"{path}: its sha256 is not the one the calibration record names: the file is "
-                                "corrupt, truncated or from another run (re-run the calibrate stage)")
+        self._check(path, hashlib.sha256(data).hexdigest())
         return {key: h.to(torch.float64) for key, h in load(data).items()}

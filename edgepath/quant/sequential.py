@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
 import os
 import sys
 import time
@@ -43,6 +44,22 @@ SEQUENTIAL_GROUPS = (
     ("mlp.down_proj",),
 )
 HEAD = "lm_head"
+
+
+@dataclasses.dataclass(frozen=True)
+class GptqPlan:
+    """What ``quantize_from_hessians`` and ``quantize_model`` round, and how: GPTQ's
+    settings (``gptq.quantize_layer``), whether the output head is quantized (untied
+    from the embedding), the linears left as they are (``keep``: prefixes a path
+    stores at more bits) and the threads (default: one per core)."""
+
+    group_size: int
+    grid: Grid
+    damp: float
+    group_order: bool
+    quantize_head: bool = False
+    keep: Collection[str] = ()
+    workers: int | None = None
 
 
 def shared_input(prefix: str) -> str:
@@ -150,11 +167,10 @@ class _Rounding:
     small ops in sequence, which ran 30-100x slower on two threads each than on one,
     issue 3), and puts the dequantized weights in place."""
 
-    def __init__(self, model, group_size: int, grid: Grid, damp: float, group_order: bool,
-                 workers: int | None) -> None:
-        self.model, self.results = model, {}
-        self.settings = (group_size, grid, damp, group_order)
-        self.pool = concurrent.futures.ThreadPoolExecutor(workers or _cores())
+    def __init__(self, plan: GptqPlan) -> None:
+        self.results = {}
+        self.settings = (plan.group_size, plan.grid, plan.damp, plan.group_order)
+        self.pool = concurrent.futures.ThreadPoolExecutor(plan.workers or _cores())
 
     def _quantize(self, job: tuple[str, torch.nn.Linear, torch.Tensor]) -> tuple[str, QuantizedLayer]:
         prefix, module, hessian = job
@@ -173,26 +189,16 @@ class _Rounding:
         self.pool.shutdown()
 
 
-def quantize_from_hessians(
-    model,
-    hessian_of: Callable[[int | None], dict[str, torch.Tensor]],
-    group_size: int,
-    grid: Grid,
-    damp: float,
-    group_order: bool,
-    quantize_head: bool,
-    keep: Collection[str] = (),
-    workers: int | None = None,
-) -> dict[str, QuantizedLayer]:
+def quantize_from_hessians(model, hessian_of: Callable[[int | None], dict[str, torch.Tensor]],
+                            plan: GptqPlan) -> dict[str, QuantizedLayer]:
     """Quantize ``model`` in place, as ``quantize_model`` does, from shared Hessians:
     ``hessian_of(layer index)`` (None: the head's) returns that layer's
     ``{shared_input key: H}``. Each layer's linears are quantized in parallel on
-    ``workers`` threads (default: one per core this process may run on). Progress
-    goes to stderr."""
+    ``plan.workers`` threads. Progress goes to stderr."""
     check_architecture(model)
     start = time.monotonic()
-    layers = model.model.layers
-    with torch.no_grad(), _Rounding(model, group_size, grid, damp, group_order, workers) as rounding:
+    layers, keep = model.model.layers, plan.keep
+    with torch.no_grad(), _Rounding(plan) as rounding:
         for li, layer in enumerate(layers):
             hessians = hessian_of(li)
             rounding.run([(f"model.layers.{li}.{name}", layer.get_submodule(name),
@@ -201,7 +207,7 @@ def quantize_from_hessians(
             del hessians
             print(f"quantize: layer {li + 1}/{len(layers)} done, {time.monotonic() - start:.0f} s",
                   file=sys.stderr, flush=True)
-        if quantize_head:
+        if plan.quantize_head:
             _untie_head(model)
             rounding.run([(HEAD, model.get_output_embeddings(), hessian_of(None)[HEAD])])
             print(f"quantize: output head done, {time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
@@ -228,26 +234,15 @@ def check_architecture(model) -> None:
             f"{sorted(expected)} this quantizer knows how to order")
 
 
-def quantize_model(
-    model,
-    tokens: torch.Tensor,
-    group_size: int,
-    grid: Grid,
-    damp: float,
-    group_order: bool,
-    quantize_head: bool,
-    keep: Collection[str] = (),
-    batch_size: int = 8,
-    workers: int | None = None,
-) -> dict[str, QuantizedLayer]:
+def quantize_model(model, tokens: torch.Tensor, plan: GptqPlan, batch_size: int = 8) -> dict[str, QuantizedLayer]:
     """Quantize ``model`` (fp32, eval) in place to its dequantized 4-bit weights, but
-    for the linears whose prefix is in ``keep`` (a path that stores them at more bits);
-    returns the quantized layers by state-dict prefix. The linears of a group (one
-    input) are quantized in parallel on ``workers`` threads. Progress goes to stderr."""
+    for the linears whose prefix is in ``plan.keep``; returns the quantized layers by
+    state-dict prefix. The linears of a group (one input) are quantized in parallel on
+    ``plan.workers`` threads. Progress goes to stderr."""
     check_architecture(model)
-    layers = model.model.layers
+    layers, keep = model.model.layers, plan.keep
     start = time.monotonic()
-    with torch.no_grad(), _Rounding(model, group_size, grid, damp, group_order, workers) as rounding:
+    with torch.no_grad(), _Rounding(plan) as rounding:
         inputs, kwargs = decoder_inputs(model, tokens, batch_size)
         for li, layer in enumerate(layers):
             for group in SEQUENTIAL_GROUPS:
@@ -261,7 +256,7 @@ def quantize_model(
             inputs = forward_layer(layer, inputs, kwargs)
             print(f"quantize: layer {li + 1}/{len(layers)} done, {time.monotonic() - start:.0f} s",
                   file=sys.stderr, flush=True)
-        if quantize_head:
+        if plan.quantize_head:
             _untie_head(model)
             head = model.get_output_embeddings()
             acc = HessianAccumulator(head.in_features)

@@ -23,7 +23,9 @@ arrives (``--target``). Every target has:
   ``linux/arm64``) or ``auto``: the one its kind of device runs on
   (``PLATFORM_OF_DEVICE``; ``check_platform`` refuses any other);
 - ``engine`` (optional): ``vllm``, ``llama.cpp``, ``executorch`` or ``auto`` (the
-  default): the engine its build runs in, ``select`` decides ``auto``.
+  default): the engine its build runs in, ``select`` decides ``auto``;
+- ``context`` (optional): the tokens per sequence its build must hold in memory beside
+  its weights (``memory.DEFAULT_CONTEXT`` by default); ``select`` picks a build that fits.
 
 ``calibration`` is the real text that quantize and export calibrate on and that
 quantize, patch-verify and benchmark score on (``Calibration``).
@@ -45,6 +47,7 @@ from ..core import files, records
 from ..core.errors import EdgepathError
 from . import weight_paths
 from .coverage import DeviceClass, device_class
+from .memory import DEFAULT_CONTEXT
 from .weight_paths import Stage
 
 SCHEMA = "params"
@@ -87,6 +90,8 @@ class Target:
     platform: str
     engine: str = AUTO
     """The engine the target wants (``select.ENGINES``); ``auto``: the selector's measured choice."""
+    context: int = DEFAULT_CONTEXT
+    """Tokens per sequence its build's memory is counted at (``rules.memory``)."""
 
     def resolve_platform(self, profile) -> str:
         """The platform written, or for ``auto`` the one the device (``profile``, its

@@ -18,6 +18,12 @@ W4A8 kernel, other CPUs its tinygemm W4A16), then the engine:
   it keeps vLLM's path and says so. A phone keeps its ExecuTorch program (no
   llama.cpp build was measured on a phone's CPU), a GPU vLLM.
 
+Given the model (``memory.ModelShape``), the path must also fit: its resident need at
+the target's context (weights, KV cache, the engine's own memory: ``rules.memory``)
+against the device's RAM (a GPU's memory for a GPU build). A path that does not fit
+gives way to the next of ``SMALLER`` that does, the first one's need cited; where none
+fits the target is refused with every candidate's need and what the device has.
+
 The paths themselves are the registry's (``weight_paths``); this module adds
 what depends on the device: the group size for the model's shapes and the
 rationale, a sentence about this device that cites the figures it was chosen by.
@@ -32,7 +38,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..core.errors import EdgepathError
-from . import coverage, measurements, weight_paths
+from . import coverage, measurements, memory, weight_paths
 from .coverage import DeviceClass
 from .profile import HardwareProfile
 from .weight_paths import Engine, HeldOut, TierDecode, WeightPathSpec
@@ -59,6 +65,9 @@ class WeightPath:
     group_size: int | None
     rationale: str
     notes: tuple[str, ...] = ()
+    memory: Mapping[str, Any] | None = None
+    """Its resident need on the device against what the device has (``memory.record``);
+    None where the model was not given."""
 
     @property
     def name(self) -> str:
@@ -87,6 +96,7 @@ class WeightPath:
             "engine_kwargs": self.as_engine_kwargs(), "engine_env": self.as_engine_env(),
             "activations": s.activations, "dtype": s.dtype, "fallback": s.fallback,
             "evidence": [str(e) for e in s.evidence],
+            "memory": dict(self.memory) if self.memory is not None else None,
         }
 
 
@@ -259,6 +269,44 @@ def _measured_choice(p: HardwareProfile, priority: str, linears, vllm: WeightPat
         f"llama.cpp's {measure}: {compared}"))
 
 
+# What a device gets instead where its path does not fit, in order: the same engine's
+# smaller build (the 4-bit phone program), else, where the target's engine is auto,
+# llama.cpp's: its own memory beside the weights is a fraction of vLLM's
+# (``memory.runtime_memory``), and it maps its weights instead of copying them.
+SMALLER = {"w8a16-qnn": ("w4a8-xnnpack",), "w8a8-xnnpack": ("w4a8-xnnpack",),
+           "w4a8-gptq": (GGUF_PATH,), "w4a16-tinygemm": (GGUF_PATH,)}
+
+
+def _fitting(p: HardwareProfile, path: WeightPath, linears, engine: str, model: memory.ModelShape,
+             context: int) -> WeightPath:
+    """``path`` where it fits ``p``'s memory at ``context`` tokens, else the first of
+    ``SMALLER`` that does (its rationale citing both needs); refused where none does."""
+    have = memory.capacity(p)
+
+    def need_of(candidate: WeightPath) -> memory.MemoryNeed:
+        return memory.need(candidate.spec, candidate.group_size, model, context, p)
+
+    first = need_of(path)
+    if first.total <= have.bytes:
+        return dataclasses.replace(path, memory=memory.record(first, have))
+    tried = [f"{path.name} needs {first}"]
+    for name in SMALLER.get(path.name, ()):
+        if name == GGUF_PATH and engine != AUTO:
+            tried.append(f"{GGUF_PATH} runs in llama.cpp, which the target's engine ({engine}) rules out")
+            continue
+        why = (f"{path.name}, its first choice, needs {first}, more than {have}, so it gets {name}, the next build "
+               f"that fits")
+        smaller = (_gguf_path(p, linears, f"{why}; its engine is auto") if name == GGUF_PATH
+                   else _selected(name, f"{path.rationale} But {why}.", linears))
+        found = need_of(smaller)
+        if found.total <= have.bytes:
+            return dataclasses.replace(smaller, memory=memory.record(found, have))
+        tried.append(f"{name} needs {found}")
+    raise EdgepathError(f"no build fits {have} at {context} tokens of context: {'; '.join(tried)}. A device with "
+                        f"more memory, a shorter context (the target's context in params.yaml) or a smaller model "
+                        f"would")
+
+
 def engines_for(profile: HardwareProfile) -> tuple[str, ...]:
     """The ``engine`` settings a target on ``profile``'s device may have: ``auto`` and the
     engines edgepath builds for its kind of device."""
@@ -270,11 +318,20 @@ def select_weight_path(
     priority: str = "speed",
     linears: Mapping[str, tuple[int, int]] | None = None,
     engine: str = AUTO,
+    model: memory.ModelShape | None = None,
+    context: int = memory.DEFAULT_CONTEXT,
 ) -> WeightPath:
     """The weight path for ``profile``. ``linears`` (``{name: (out, in)}`` of the
     layers to quantize, see ``shapes.block_linears``) fixes the group size from
     the model's shapes; without it the kernel's preferred group size is used.
-    ``engine``: one of ``ENGINES`` (module docstring)."""
+    ``engine``: one of ``ENGINES`` (module docstring). ``model``: the path must fit the
+    device's memory at ``context`` tokens (module docstring); unchecked without it."""
+    path = _preferred(profile, priority, linears, engine)
+    return path if model is None else _fitting(profile, path, linears, engine, model, context)
+
+
+def _preferred(profile: HardwareProfile, priority: str, linears, engine: str) -> WeightPath:
+    """The path ``select_weight_path`` gives before memory is counted."""
     if priority not in PRIORITIES:
         raise EdgepathError(f"unknown priority {priority!r}; choose one of {', '.join(PRIORITIES)}")
     if engine not in ENGINES:

@@ -105,6 +105,30 @@ def vllm_kernel(quant_method: str, w4a8: bool) -> VllmKernel:
 
 
 @dataclasses.dataclass(frozen=True)
+class Storage:
+    """Bits per weight of each kind of tensor a path's artifact stores besides its block
+    linears (which ``WeightPathSpec.bits_per_weight`` gives): from it ``rules.memory``
+    counts a build's weights before the build exists. A test holds the count to the
+    built artifacts' sizes."""
+
+    embedding: float = 16
+    head: float = 16
+    """An output head the model does not tie to its embedding (or, ``head_apart``, any)."""
+    kv: float | None = None
+    """The key and value projections, where the path stores them apart from the other linears."""
+    other: float = 16
+    """Norms and biases."""
+    head_apart: bool = False
+    """The artifact stores the head beside the embedding even where the model ties them."""
+
+
+_GGUF_STORAGE = Storage(embedding=8.5, head=8.5, kv=8.5, other=32)  # Q8_0: 34 bytes per 32; norms F32
+# the XNNPACK programs' layout (int8 per channel, fp32 norms, the head apart); QNN's program
+# is lowered from the same int8 tensors
+_PROGRAM_STORAGE = Storage(embedding=8, head=8, kv=8, other=32, head_apart=True)
+
+
+@dataclasses.dataclass(frozen=True)
 class WeightPathSpec:
     """One weight path (module docstring). Preconditions are asserted on construction."""
 
@@ -132,6 +156,8 @@ class WeightPathSpec:
     engine_env: tuple[tuple[str, str], ...] = ()
     """Environment the engine process needs, as sorted pairs."""
     fused_cpu_norms: bool = False
+    storage: Storage = Storage()
+    """How the artifact stores the tensors outside the block linears."""
     fallback: str | None = None
     """The path the device runs while this one's artifact cannot be built here."""
     notes: tuple[str, ...] = ()
@@ -280,7 +306,7 @@ PATHS: Mapping[str, WeightPathSpec] = {p.name: p for p in (
         summary="symmetric GPTQ with per-group scale search, in llama.cpp's Q4_0 blocks",
         activations="int8 (llama.cpp rounds them to Q8_0 blocks for its Q4_0 dot products)",
         weight_bits=4, group_overhead_bits=16,  # an fp16 scale per block of 32
-        group_rule=GGUF_Q4_0, grid=Grid.SYMMETRIC, checkpoint_format="gguf",
+        group_rule=GGUF_Q4_0, grid=Grid.SYMMETRIC, checkpoint_format="gguf", storage=_GGUF_STORAGE,
         checkpoint_layout=("GGUF Q4_0: per 32 weights an fp16 scale and 16 bytes of nibbles "
                            "(edgepath/formats/gguf_q4_0_format.py); the key and value projections, the tied "
                            "embedding and head Q8_0, norms F32 (paths.gguf.DEFAULT_POLICY)"),
@@ -304,7 +330,7 @@ PATHS: Mapping[str, WeightPathSpec] = {p.name: p for p in (
         name="w8a16-qnn", engine=Engine.EXECUTORCH, built_by=Stage.EXPORT,
         summary="ExecuTorch, QNN 16a8w; calibrated",
         activations="int16 (static, calibrated)",
-        weight_bits=8, fallback="w4a8-xnnpack",
+        weight_bits=8, fallback="w4a8-xnnpack", storage=_PROGRAM_STORAGE,
         notes=(
             "the export must be calibrated on activations captured from the reference model on real text: "
             "traced on random tensors it scored -1.6 dB SQNR, calibrated 36.9 dB, and w8a8 stayed broken at "
@@ -321,7 +347,7 @@ PATHS: Mapping[str, WeightPathSpec] = {p.name: p for p in (
         summary="ExecuTorch, XNNPACK 8da4w with GPTQ's weights; ExecuTorch's custom SDPA and KV cache",
         activations="int8 (dynamic, per token)",
         weight_bits=4, group_overhead_bits=16,  # a bf16 scale per group: XNNPACK's qb4w layout
-        fixed_group=XNNPACK_GROUP_SIZE, grid=Grid.SYMMETRIC,
+        fixed_group=XNNPACK_GROUP_SIZE, grid=Grid.SYMMETRIC, storage=_PROGRAM_STORAGE,
         notes=(
             _XNNPACK_RUN_HERE,
             "GPTQ on XNNPACK's grid (positive scales), its key and value projections and its head at 8 bits",
@@ -338,7 +364,7 @@ PATHS: Mapping[str, WeightPathSpec] = {p.name: p for p in (
         name="w8a8-xnnpack", engine=Engine.EXECUTORCH, built_by=Stage.EXPORT,
         summary="ExecuTorch, XNNPACK 8da8w; ExecuTorch's custom SDPA and KV cache",
         activations="int8 (dynamic, per token)",
-        weight_bits=8,  # one scale per output channel, nothing per group
+        weight_bits=8, storage=_PROGRAM_STORAGE,  # one scale per output channel, nothing per group
         notes=(
             _XNNPACK_RUN_HERE,
             "every linear int8 per output channel, rounded to nearest: no calibration",

@@ -5,6 +5,7 @@ benchmarks."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -23,6 +24,17 @@ def perplexity(model, windows: torch.Tensor, batch_size: int = 4) -> float:
 
 
 @torch.no_grad()
+def perplexity_by_genre(model, held_out: Mapping[str, torch.Tensor],
+                        progress: Callable[[str, float], None]) -> dict[str, float]:
+    """Genre -> ``model``'s perplexity on that genre's held-out windows; ``progress(genre,
+    perplexity)`` after each (a stage's progress line)."""
+    result = {}
+    for genre, windows in held_out.items():
+        result[genre] = perplexity(model, windows)
+        progress(genre, result[genre])
+    return result
+
+
 def greedy(model, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
     """``new_tokens`` greedy tokens after each prompt (EOS ignored), generated as one
     left-padded batch, as the engines batch them. On the default model, 12 prompts x 64

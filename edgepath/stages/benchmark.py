@@ -54,7 +54,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..core import records
+from ..core import records, usage
 from ..core.command import Command, progress
 from ..core.errors import EdgepathError
 from ..engines.worker import Arm, EngineProcess
@@ -522,7 +522,7 @@ def run(paths: list[str], model_record_path: str | os.PathLike, weights_dir: str
                                      for genre, f in f16["fidelity"]["genres"].items()} if f16 else None,
         "arms": results,
         "paths": states,
-        "wall_time_s": round(time.monotonic() - started, 1),
+        **usage.cost(started),
     }
     with records.output_directory(out, RECORD_KIND, sources) as scratch:
         records.write(scratch / RECORD_NAME, RECORD_KIND, record)
@@ -540,6 +540,8 @@ def _cmd(args: argparse.Namespace) -> None:
     settings = Settings.from_params(fleet.namespace(args.params, "benchmark"), str(args.params))
     calibration = fleet.calibration(args.params)
     paths = args.paths or fleet.namespace(args.params, "quantize").get("paths") or []
+    for name in args.paths or ():  # quantize.paths were checked with the params
+        weight_paths.require(name, weight_paths.Stage.QUANTIZE)
     record = run(list(paths), args.model, args.weights, args.verify, args.control, args.out,
                  probe.probe(), settings, calibration.corpus, calibration.holdout)
     for arm in record["arms"]:

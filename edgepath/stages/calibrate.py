@@ -30,13 +30,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import resource
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from ..core import records
+from ..core import records, usage
 from ..core.command import Command
 from ..core.errors import EdgepathError
 from ..formats import hf_model
@@ -67,10 +66,6 @@ class Settings:
                    **{f"eval_{k}": v for k, v in evaluation.items()})
 
 
-def _peak_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-
-
 def run(model_dir: str | Path, out: str | Path, settings: Settings = Settings()) -> dict[str, Any]:
     """Build ``out`` (module docstring); returns the record written there."""
     model_dir = Path(model_dir)
@@ -99,12 +94,10 @@ def run(model_dir: str | Path, out: str | Path, settings: Settings = Settings())
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True).eval()
     check_architecture(model)
 
-    from ..scoring.evaluate import perplexity
+    from ..scoring.evaluate import perplexity_by_genre
 
-    reference = {}
-    for genre, windows in held_out.items():
-        reference[genre] = perplexity(model, windows)
-        progress(f"reference perplexity on held-out {genre}: {reference[genre]:.2f}")
+    reference = perplexity_by_genre(model, held_out, lambda genre, ppl: progress(
+        f"reference perplexity on held-out {genre}: {ppl:.2f}"))
     sample = calib.tokens[::max(1, len(calib.tokens) // RANKING_SAMPLES)][:RANKING_SAMPLES]
     ranked = rank_down_projections(model, sample)
     progress(f"down projections ranked by their int8 inputs' effect, first {ranked[0][0]}")
@@ -131,8 +124,7 @@ def run(model_dir: str | Path, out: str | Path, settings: Settings = Settings())
             "hessians": {"folder": hessian_store.FOLDER, "dtype": "float32", "tokens": calib.tokens.numel(),
                          "files": stored},
             "versions": records.versions("torch", "transformers", "safetensors"),
-            "wall_time_s": round(time.monotonic() - started, 1),
-            "peak_rss_bytes": _peak_rss_bytes(),
+            **usage.cost(started),
         }
         records.write(scratch / RECORD_NAME, "calibration", record)
     return record

@@ -26,9 +26,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from typing import Any
 
-from ..core import records
+from ..core import records, usage
 from ..core.command import Command
 from ..core.errors import EdgepathError
 from ..core.files import sha256_file
@@ -51,6 +52,7 @@ def gguf_name(ftype: str) -> str:
 def run(model_record_path: str | os.PathLike, out: str | os.PathLike, types: list[str],
         threads: int, calibration: Calibration = Calibration()) -> dict[str, Any]:
     """Make the control GGUFs (module docstring); returns the record written to ``out/control.json``."""
+    started = time.monotonic()
     from ..engines.llama_cpp import FTYPES, LlamaCpp, quantize_gguf, quantize_with_imatrix
     from ..formats.gguf_file import convert_to_gguf
 
@@ -94,6 +96,7 @@ def run(model_record_path: str | os.PathLike, out: str | os.PathLike, types: lis
             "llama_cpp": {"bindings": records.tool("llama-cpp-python"),
                           "system_info": info["system_info"]},
             "files": files,
+            **usage.cost(started),
         }
         records.write(scratch / RECORD_NAME, RECORD_KIND, record)
     return record

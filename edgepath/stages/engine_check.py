@@ -9,6 +9,8 @@ on any checkpoint folder.
 from __future__ import annotations
 
 import argparse
+import os
+import tempfile
 
 from ..core import files, records
 from ..core.command import Command, emit
@@ -21,21 +23,27 @@ from ..scoring.agreement import top1_against
 # ---------------------------------------------------------------- the command
 
 def _cmd(args: argparse.Namespace) -> None:
-    from transformers import AutoTokenizer
-
     from ..paths.vllm_checkpoint import check, quant_method
     from ..text import calibration
-    from .probe import probe
 
-    # every argument is read before anything loads: a wrong one is one line, not a model's or an engine's failure
+    # every argument is read before anything loads (transformers alone takes seconds to
+    # import): a wrong one is one line, not a model's or an engine's failure
     vllm_kernel(quant_method(files.path_of(args.checkpoint, "--checkpoint")), args.mode == "w4a8")
     files.read_json(files.path_of(args.model, "--model") / "config.json",
                     missing="--model: not a Hugging Face model directory")
     corpus = calibration.load_corpus(args.corpus, args.holdout)
-    tokenizer = AutoTokenizer.from_pretrained(args.checkpoint, local_files_only=True)
-    sequences = calibration.check_sequences(tokenizer, corpus)
-    checked = check(args.checkpoint, args.model, sequences, args.mode == "w4a8", probe(),
-                    reference_checkpoint=args.reference_from)
+    with tempfile.TemporaryDirectory(prefix="edgepath-check-") as scratch:
+        # the engine's compiler caches in $TMPDIR/torchinductor_<user> by default: this
+        # command leaves nothing behind
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", scratch)
+        from transformers import AutoTokenizer
+
+        from .probe import probe
+
+        tokenizer = AutoTokenizer.from_pretrained(args.checkpoint, local_files_only=True)
+        sequences = calibration.check_sequences(tokenizer, corpus)
+        checked = check(args.checkpoint, args.model, sequences, args.mode == "w4a8", probe(),
+                        reference_checkpoint=args.reference_from)
     record = {**records.envelope("engine_check"), **checked}
     emit(records.dumps(record), args.out, "engine_check", record)
     if args.out and checked["not_run"]:

@@ -31,13 +31,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import time
 from pathlib import Path
 from typing import Any
 
 from .. import paths
-from ..core import files, records
+from ..core import files, records, usage
 from ..core.command import Command
 from ..formats import hf_model
 from ..rules import weight_paths
@@ -109,7 +108,7 @@ class Settings:
 def _generation(model_dir: Path, tokenizer) -> dict[str, Any]:
     """What an app needs to run the program as the model stage's checkpoint runs."""
     config = model_dir / "generation_config.json"
-    settings = json.loads(config.read_text()) if config.is_file() else {}
+    settings = files.read_json(config) if config.is_file() else {}
     return {"bos_token_id": tokenizer.bos_token_id,
             "eos_token_id": settings.get("eos_token_id", tokenizer.eos_token_id),
             "chat_template": bool(getattr(tokenizer, "chat_template", None)),
@@ -154,7 +153,7 @@ def run(path: str, model_dir: str | Path, out: str | Path, settings: Settings = 
             "generation": _generation(model_dir, tokenizer),
             "files": [hf_model.file_entry(f, scratch) for f in sorted(scratch.iterdir()) if f.is_file()],
             "versions": records.versions("torch", "transformers", "executorch", "torchao"),
-            "wall_time_s": round(time.monotonic() - started, 1),
+            **usage.cost(started),
         }
         records.write(scratch / RECORD_NAME, "export", record)
     return record

@@ -175,6 +175,23 @@ def _export_summary(selection: dict[str, Any], record: dict[str, Any], exports_d
         "artifacts": _export_artifacts(exports_dir / fallback, other, base)}}
 
 
+# The files of a build that hold its weights (the rest: configs, tokenizers, records).
+_WEIGHT_FILES = (".safetensors", ".gguf", ".pte")
+
+
+def _memory(selection: dict[str, Any], artifacts: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The selection's memory need against the device's, its weights counted from the
+    built artifact where there is one (the selection could only estimate them)."""
+    need = selection["path"]["memory"]
+    weights = [a for a in artifacts if a["name"].endswith(_WEIGHT_FILES)]
+    if need is None or not weights:
+        return need
+    built = sum(a["size"] for a in weights)
+    total = need["need_bytes"] - need["weights_bytes"] + built
+    return {**need, "weights_bytes": built, "need_bytes": total, "fits": total <= need["have_bytes"],
+            "weights_from": f"the built {', '.join(a['name'] for a in weights)}"}
+
+
 def _verification(selection: dict[str, Any], verify_dir: Path, export: dict[str, Any] | None,
                   imported: list[tuple[str, dict[str, Any]]], base: Path) -> dict[str, Any]:
     """Whether the target's build ran on hardware of its kind and matched its reference,
@@ -321,6 +338,27 @@ def target_metrics(manifest: dict[str, Any]) -> dict[str, Any]:
     return metrics
 
 
+def stage_costs(model: Path, calibration: Path, weights_dir: Path, verify_dir: Path, exports_dir: Path,
+                control: Path, benchmark: Path) -> dict[str, dict[str, float]]:
+    """Each stage's wall time and peak memory, as its record carries them (``usage.cost``),
+    for ``dvc metrics``: DVC's stage name -> ``wall_time_s`` and ``peak_rss_gib``. A stage
+    whose record is absent (not run, or not in this fleet) or carries no cost (written
+    before stages recorded theirs) is left out."""
+    found = [("model", model, "model"), ("calibrate", calibration, "calibration")]
+    found += [(f"quantize@{p.parent.name}", p, "quantization")
+              for p in sorted(weights_dir.glob(f"*/{records.FILE_NAMES['quantization']}"))]
+    found += [(f"patch_verify@{p.stem}", p, "patch_verify") for p in sorted(verify_dir.glob("*.json"))]
+    found += [(f"export@{p.parent.name}", p, "export") for p in sorted(exports_dir.glob(f"*/{EXPORT_RECORD}"))]
+    found += [("control", control, "control"), ("benchmark", benchmark, "benchmark")]
+    costs = {}
+    for stage, path, kind in found:
+        record = records.read(path, kind) if path.is_file() else {}
+        if "peak_rss_bytes" in record:  # records older than the stage's cost carry none
+            costs[stage] = {"wall_time_s": record["wall_time_s"],
+                            "peak_rss_gib": round(record["peak_rss_bytes"] / 2**30, 2)}
+    return costs
+
+
 def build(params: Params, model_record_path: str | os.PathLike, selections_dir: str | os.PathLike,
           out: str | os.PathLike, weights_dir: str | os.PathLike = "build/weights",
           verify_dir: str | os.PathLike = "build/verify",
@@ -364,6 +402,7 @@ def build(params: Params, model_record_path: str | os.PathLike, selections_dir: 
             "verification": _verification(selection, Path(verify_dir), export, imported, base),
             "benchmark": _benchmark(selection, benchmark, benchmark_path, imported, export, base),
             "artifacts": artifacts,
+            "memory": _memory(selection, artifacts),
             **({"quantization": quantization} if quantization else {}),
             **({"export": export} if export else {}),
         })
@@ -380,6 +419,23 @@ def build(params: Params, model_record_path: str | os.PathLike, selections_dir: 
 
 def _gib(n: int | None) -> str:
     return "-" if not n else f"{n / 2**30:.0f}G"
+
+
+def _memory_cell(m: dict[str, Any] | None) -> str:
+    """Need against have, as ``1.3/4G``; ``!`` where it does not fit."""
+    if m is None:
+        return "-"
+    return f"{m['need_bytes'] / 2**30:.1f}/{_gib(m['have_bytes'])}" + ("" if m["fits"] else " !")
+
+
+def _memory_line(m: dict[str, Any]) -> str:
+    gib = 2**30
+    runtime = (f"engine {m['runtime_bytes'] / gib:.2f} GiB ({m['runtime_measured']})" if m["runtime_measured"]
+               else "the engine's own memory not measured here, not counted")
+    return (f"{'needs' if m['fits'] else 'DOES NOT FIT: needs'} {m['need_bytes'] / gib:.2f} GiB of the device's "
+            f"{m['have_bytes'] / gib:.2f} GiB {m['have']} ({m['need_bytes'] / m['have_bytes']:.0%}): weights "
+            f"{m['weights_bytes'] / gib:.2f} GiB ({m['weights_from']}), KV cache {m['kv_cache_bytes'] / gib:.2f} GiB at "
+            f"{m['context']} tokens, {runtime}")
 
 
 def _verified_cell(verification: dict[str, Any]) -> str:
@@ -452,7 +508,8 @@ def render(manifest: dict[str, Any]) -> str:
         f"       fingerprint {m['fingerprint'][:19]}  digest {m['digest'][:19]}",
         "",
     ]
-    header = ("TAG", "PLATFORM", "DEVICE", "PATH", "ENGINE", "GROUP", "BITS/W", "VERIFIED", "BUILD", "VERSION")
+    header = ("TAG", "PLATFORM", "DEVICE", "PATH", "ENGINE", "GROUP", "BITS/W", "MEMORY", "VERIFIED", "BUILD",
+              "VERSION")
     rows = [header]
     for t in manifest["targets"]:
         s, p = t["profile"]["summary"], t["path"]
@@ -460,7 +517,7 @@ def render(manifest: dict[str, Any]) -> str:
         rows.append((
             t["tag"], t["platform"], f"{device}, {s['n_physical']}c/{_gib(s['ram_total_bytes'])}",
             p["name"], p["engine"], str(p["group_size"] or "-"), f"{p['bits_per_weight']:.2f}",
-            _verified_cell(t["verification"]),
+            _memory_cell(t["memory"]), _verified_cell(t["verification"]),
             f"{t['build']['state']} ({len(t['artifacts'])} files)" if t["artifacts"] else t["build"]["state"],
             version_cell(t["release"]),
         ))
@@ -469,6 +526,8 @@ def render(manifest: dict[str, Any]) -> str:
         lines += ["", f"{t['tag']}: {t['path']['rationale']}"]
         lines += [f"  - {note}" for note in t["path"]["notes"]]
         lines.append(f"  - build: {t['build']['detail']}")
+        if t["memory"] is not None:
+            lines.append(f"  - memory: {_memory_line(t['memory'])}")
         fallback = t.get("export", {}).get("fallback")
         if fallback:
             lines.append(f"  - meanwhile: {fallback['state']}: {fallback['detail']}")
@@ -493,6 +552,10 @@ def _cmd_build(args: argparse.Namespace) -> None:
                   args.verify, args.exports, args.benchmark, list(imports), args.releases)
     if args.metrics:
         atomic.write_text(args.metrics, json.dumps(target_metrics(built), indent=2) + "\n")
+    if args.costs:
+        costs = stage_costs(Path(args.model), Path(args.calibration), Path(args.weights), Path(args.verify),
+                            Path(args.exports), Path(args.control), Path(args.benchmark))
+        atomic.write_text(args.costs, json.dumps(costs, indent=2) + "\n")
     print(f"manifest: {len(built['targets'])} targets -> {args.out}")
 
 
@@ -512,6 +575,9 @@ def _build_arguments(b: argparse.ArgumentParser) -> None:
     b.add_argument("--benchmark", default="build/benchmark/benchmark.json", help="the benchmark record")
     b.add_argument("--releases", default="releases.json", help="the versions released (`edgepath release`)")
     b.add_argument("--metrics", help="also write each target's headline figures here (dvc metrics)")
+    b.add_argument("--calibration", default="build/calibration/calibration.json", help="the calibrate stage's record")
+    b.add_argument("--control", default="build/control/control.json", help="the control stage's record")
+    b.add_argument("--costs", help="also write each stage's wall time and peak memory here (dvc metrics)")
     b.add_argument("--out", default="manifest.json")
 
 

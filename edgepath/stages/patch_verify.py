@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 from .. import paths
-from ..core import records
+from ..core import records, usage
 from ..core.command import Command
 from ..core.errors import EdgepathError
 from ..rules import weight_paths
@@ -37,11 +38,14 @@ def run(path_name: str, artifact: str | os.PathLike, model_dir: str | os.PathLik
     ``host``, this machine's profile; writes and returns the record. ``corpus`` and
     ``holdout``: the checkpoint's calibration, whose calibration documents the
     held-out text of the comparison leaves out (``calibration.held_out_genres``)."""
+    started = time.monotonic()
     spec = weight_paths.get(path_name)
     if not spec.verifiable_by_patch_verify:
         raise EdgepathError(f"{path_name} is not a quantize stage's path; patch-verify runs "
                             f"{', '.join(n for n, p in weight_paths.PATHS.items() if p.verifiable_by_patch_verify)}")
-    return paths.of(spec).verify(Path(artifact), Path(model_dir), Path(out), host, corpus, holdout)
+    record = {**paths.of(spec).verify(Path(artifact), Path(model_dir), host, corpus, holdout), **usage.cost(started)}
+    records.write(out, "patch_verify", record)
+    return record
 
 
 # ---------------------------------------------------------------- the command

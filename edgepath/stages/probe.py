@@ -119,7 +119,7 @@ def _read(path: Path) -> str | None:
 
 
 def _is_live(root: Path) -> bool:
-    return root.resolve() == Path("/")
+    return Path(os.path.realpath(root)) == Path("/")  # a symlink loop is no live root (and no RuntimeError)
 
 
 def normalise_flags(arch: str, raw: list[str]) -> list[str]:

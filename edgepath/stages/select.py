@@ -13,6 +13,7 @@ from typing import Any
 
 from ..core.command import Command
 from ..core.errors import EdgepathError
+from ..rules.memory import DEFAULT_CONTEXT, ModelShape
 from ..rules.profile import HardwareProfile
 from ..rules.select import AUTO, ENGINES, RULES, WeightPath, select_weight_path
 
@@ -41,17 +42,19 @@ def _cmd(args: argparse.Namespace) -> None:
     from ..core import files, records
     from ..rules import fleet, shapes
 
-    tag, priority, platform, engine = args.tag, args.priority, args.platform, args.engine
+    tag, priority, platform, engine, context = args.tag, args.priority, args.platform, args.engine, args.context
     if args.target:
         target = fleet.load(args.params).target(args.target)
-        tag, priority, platform, engine = target.tag, target.priority, target.platform, target.engine
+        tag, priority, platform, engine, context = (target.tag, target.priority, target.platform, target.engine,
+                                                    target.context)
     profile = HardwareProfile.from_dict(records.read(files.path_of(args.profile, "--profile"), "profile"))
-    linears, fingerprint = None, None
+    linears, fingerprint, model = None, None, None
     if args.model is not None:
         model_record = records.read(files.path_of(args.model, "--model"), "model")
-        linears = shapes.block_linears({n: t["shape"] for n, t in model_record["tensors"].items()})
+        model = ModelShape.from_record(model_record)
+        linears = shapes.block_linears(model.tensors)
         fingerprint = model_record["fingerprint"]
-    path = select_weight_path(profile, priority, linears=linears, engine=engine)
+    path = select_weight_path(profile, priority, linears=linears, engine=engine, model=model, context=context)
     chosen = path.to_dict()
     platform = fleet.Target(tag, "", priority, platform, engine).resolve_platform(profile)
     fleet.check_platform(tag, platform, chosen, profile)
@@ -60,7 +63,9 @@ def _cmd(args: argparse.Namespace) -> None:
     if args.out is not None:
         record = selection_record(tag, priority, platform, profile, fingerprint, path, engine)
         records.write(args.out, "selection", record)
-        print(f"select@{tag}: {path.name} (in {chosen['engine']}{f', group {path.group_size}' if path.group_size else ''})"
+        need = chosen["memory"]
+        print(f"select@{tag}: {path.name} (in {chosen['engine']}{f', group {path.group_size}' if path.group_size else ''}"
+              f", needs {need['need_bytes'] / 2**30:.2f} of {need['have_bytes'] / 2**30:.2f} GiB {need['have']})"
               f" -> {args.out}")
     else:
         sys.stdout.write(records.dumps(chosen))
@@ -72,6 +77,8 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", default=AUTO, help=f"{', '.join(ENGINES)} (default: {AUTO})")
     p.add_argument("--platform", default="auto", help="container platform (default: from the profile)")
     p.add_argument("--tag", default="device", help="device tag recorded in the selection")
+    p.add_argument("--context", type=int, default=DEFAULT_CONTEXT,
+                   help=f"tokens per sequence the build must fit in memory with --model (default: {DEFAULT_CONTEXT})")
     p.add_argument("--target", help="take tag, priority, engine and platform from this target in the params file")
     p.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
     p.add_argument("--model", help="model record (from `edgepath model`)")
@@ -83,7 +90,9 @@ COMMAND = Command("select", "choose a device's weight path", f"""\
 
 {RULES}
 
-    --model fixes the group size from the model's layer shapes; --out writes the
+    --model fixes the group size from the model's layer shapes and makes the build fit
+    the device's memory at --context tokens (a path that does not fit gives way to a
+    smaller one, or the device is refused with the figures); --out writes the
     selection record the manifest reads.
 
     examples: edgepath select --profile profiles/x86-avx2.json
