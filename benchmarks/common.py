@@ -19,8 +19,8 @@ from edgepath.scoring.stats import spread
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 
-__all__ = ["RESULTS", "ROOT", "held_out_prompts", "host", "load", "params_with", "spread", "stage", "today",
-           "write_csv", "write_json"]
+__all__ = ["RESULTS", "ROOT", "held_out_prompts", "host", "load", "params_with", "quantize_arm", "spread", "stage",
+           "today", "write_csv", "write_json"]
 
 
 def load() -> list[float]:
@@ -80,6 +80,23 @@ def stage(*args: str) -> tuple[float, int]:
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"{' '.join(cmd)} failed")
     return time.monotonic() - started, peak_rss_bytes(usage)
+
+
+def quantize_arm(model_record: Path, calibration: Path, path: str, out: Path, params: Path) -> dict[str, Any]:
+    """Run the real quantize stage (its own process) for ``path``; the stage's own
+    figures: held-out perplexity increase per genre, their mean and the worst, GPTQ's
+    time, the stage's wall time and peak RSS."""
+    from edgepath.core import records
+
+    wall, peak = stage("quantize", "--model", str(model_record), "--calibration", str(calibration),
+                       "--path", path, "--out", str(out), "--params", str(params))
+    report = records.read(out / records.FILE_NAMES["quantization"], "quantization")
+    fidelity = report["fidelity"]
+    return {"mean_increase_pct": fidelity["mean_increase_pct"], "worst_genre": fidelity["worst"]["genre"],
+            "worst_increase_pct": fidelity["worst"]["increase_pct"],
+            **{f"{g}_increase_pct": v["increase_pct"] for g, v in fidelity["genres"].items()},
+            "gptq_time_s": report["gptq_time_s"], "wall_time_s": round(wall, 1),
+            "peak_rss_gib": round(peak / 2**30, 2)}
 
 
 def params_with(path: Path, **namespaces: Mapping[str, Any]) -> Path:

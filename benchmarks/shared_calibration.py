@@ -27,7 +27,7 @@ import json
 import sys
 from pathlib import Path
 
-from .common import RESULTS, ROOT, host, params_with, stage, today, write_csv, write_json
+from .common import RESULTS, ROOT, host, params_with, quantize_arm, stage, today, write_csv, write_json
 
 INPUTS = ("shared", "sequential")
 
@@ -57,18 +57,8 @@ def main() -> None:
             print(f"\n== {arm} ==", file=sys.stderr, flush=True)
             params = params_with(work / f"{inputs}.yaml",
                                  quantize={"true_sequential": list(paths) if inputs == "sequential" else []})
-            out = work / arm
-            wall, peak = stage("quantize", "--model", str(model_record), "--calibration", str(work / "calibration"),
-                               "--path", path, "--out", str(out), "--params", str(params))
-            report = records.read(out / records.FILE_NAMES["quantization"], "quantization")
-            fidelity = report["fidelity"]
             rows[arm] = {"arm": arm, "path": path, "inputs": inputs,
-                         "mean_increase_pct": fidelity["mean_increase_pct"],
-                         "worst_genre": fidelity["worst"]["genre"],
-                         "worst_increase_pct": fidelity["worst"]["increase_pct"],
-                         **{f"{g}_increase_pct": v["increase_pct"] for g, v in fidelity["genres"].items()},
-                         "gptq_time_s": report["gptq_time_s"], "wall_time_s": round(wall, 1),
-                         "peak_rss_gib": round(peak / 2**30, 2)}
+                         **quantize_arm(model_record, work / "calibration", path, work / arm, params)}
 
     earlier = RESULTS / "shared_calibration.json"
     if earlier.is_file():

@@ -147,6 +147,39 @@ def test_a_qwen2_file_stores_its_biases_and_own_head_and_llama_cpp_reproduces_it
     assert gguf_path.agreement(swapped, model, windows, threads=2)[0] < 0.5
 
 
+def test_a_rotated_build_s_file_is_read_back_with_its_own_head_and_llama_cpp_reproduces_it(default_model, tmp_path):
+    """A rotated model (``quant.rotation``) unties its head from the table: the file
+    stores both, and reading it back against the source model's directory, whose head is
+    tied, takes the file's head, not the table."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from edgepath.quant.rotation import rotate
+    from edgepath.text import calibration
+
+    hf = default_model / "hf"
+    source = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
+    source.model.layers = source.model.layers[:4]  # small: what is under test is the head and the norms
+    source.config.num_hidden_layers = 4
+    assert source.config.tie_word_embeddings
+    source.save_pretrained(tmp_path / "source")
+    AutoTokenizer.from_pretrained(hf).save_pretrained(tmp_path / "source")
+    rotate(source, seed=0)
+    _put_on_grid(source, gguf_path.DEFAULT_POLICY)
+    counts = gguf_file.write(gguf_file.save_dequantized(source, tmp_path / "source", tmp_path / "hf"),
+                             tmp_path / "model.gguf", gguf_path.DEFAULT_POLICY.type_of)
+    assert counts["Q8_0"] == 2 + len(gguf_path.DEFAULT_POLICY.kept_from_gptq(4))  # the table and the head
+    read = gguf_file.read_back(tmp_path / "model.gguf", tmp_path / "source")
+    assert read.get_output_embeddings().weight is not read.get_input_embeddings().weight
+    written = dict(source.named_parameters())
+    assert set(dict(read.named_parameters())) == set(written)
+    for name, param in read.named_parameters():
+        assert torch.equal(param, written[name]), name
+    windows = calibration.held_out_genres(AutoTokenizer.from_pretrained(hf), calibration.load_corpus("mix", []), 1, 96)
+    check = gguf_path.check(tmp_path / "model.gguf", source, "the same weights in PyTorch",
+                            {genre: w.tolist() for genre, w in windows.items()}, threads=2)
+    assert check["passed"], check["against"]
+
+
 def test_decoder_matrices_are_q4_0_but_the_policy_s_q8_0_and_the_tied_embedding_q8_0(on_grid):
     model, path, counts, _ = on_grid
     kept = gguf_path.DEFAULT_POLICY.kept_from_gptq(model.config.num_hidden_layers)

@@ -61,7 +61,7 @@ def _delete(data, dotted):
     (lambda d: _set(d, "quantize.gptq.dampening", 0.1),
      "params.yaml: quantize.gptq.dampening: unknown key (known: search, damp, group_order)"),
     (lambda d: _set(d, "quantize.calibration", {"corpus": "austen"}),
-     "params.yaml: quantize.calibration: unknown key (known: paths, head, w4a8_bf16_down_proj, true_sequential, gptq, eval)"),
+     "params.yaml: quantize.calibration: unknown key (known: paths, head, w4a8_bf16_down_proj, true_sequential, rotate, gptq, eval)"),
     (lambda d: _set(d, "quantise", {}), "params.yaml: quantise: unknown key (known: model, targets, calibration, "
                                         "quantize, export, control, benchmark, manifest)"),
     (lambda d: _set(d, "targets.host.prority", "speed"), "params.yaml: targets.host.prority: unknown key"),
@@ -137,6 +137,15 @@ def test_quantize_flags_override_params_and_are_checked_like_them():
         quantize.Settings.from_params({}, {"samples": 0})
     with pytest.raises(EdgepathError, match=r"quantize\.true_sequential\.0: 'w8a16-qnn' is not one of the paths"):
         quantize.Settings.from_params({"true_sequential": ["w8a16-qnn"]}, {})
+
+
+def test_rotation_is_taken_per_quantize_path():
+    settings = quantize.Settings.from_params({"rotate": ["q4_0-gguf", "w4a16-tinygemm"]}, {})
+    assert settings.rotate == ("q4_0-gguf", "w4a16-tinygemm")
+    assert quantize.Settings.from_params({}, {}).rotate == ()
+    # the phone's programs are the export stage's: they are not rotated
+    with pytest.raises(EdgepathError, match=r"quantize\.rotate\.0: 'w4a8-xnnpack' is not one of the paths"):
+        quantize.Settings.from_params({"rotate": ["w4a8-xnnpack"]}, {})
 
 
 # -- the schema and the code that reads the settings say the same ----------------------

@@ -178,6 +178,11 @@ def read_back(gguf: str | os.PathLike, model_dir: str | os.PathLike):
     model_arch = next(a for a, name in gguf_py.MODEL_ARCH_NAMES.items() if name == arch)
     names = gguf_py.get_tensor_name_map(model_arch, config.num_hidden_layers)
     stored = {t.name: t for t in reader.tensors}
+    head = model.get_output_embeddings()
+    if names.get_name("lm_head.weight", try_suffixes=(".weight",)) in stored and head.weight is model.get_input_embeddings().weight:
+        # a file that stores a head apart (a rotated build's) is read with its own head
+        head.weight = torch.nn.Parameter(head.weight.detach().clone())
+        config.tie_word_embeddings = False
     with torch.no_grad():
         for name, param in model.named_parameters():
             gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))

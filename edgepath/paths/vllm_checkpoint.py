@@ -129,8 +129,10 @@ def why_not_runnable_here(quant_method: str, w4a8: bool, host: HardwareProfile |
 
 
 def dequantized_reference(checkpoint: Path, base_model: Path):
-    """The base model (fp32) with every quantized layer replaced by the checkpoint's
-    dequantized weights, read from the checkpoint's own tensors."""
+    """The base model (fp32) with every tensor the checkpoint stores replaced by the
+    checkpoint's: its quantized layers dequantized, its other tensors (the embedding
+    table, norms, biases, a head of its own: a rotated build's differ from the base
+    model's) as stored."""
     import torch
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
@@ -146,6 +148,17 @@ def dequantized_reference(checkpoint: Path, base_model: Path):
     prefixes = sorted({n.removesuffix(".qweight") for n in tensors if n.endswith(".qweight")})
     if not prefixes:
         raise EdgepathError(f"{checkpoint}: no {method} layers (qweight tensors) in the checkpoint")
+    parameters = dict(model.named_parameters())
+    head = model.get_output_embeddings()
+    if "lm_head.weight" in tensors and head.weight is model.get_input_embeddings().weight:
+        head.weight = torch.nn.Parameter(head.weight.detach().clone())
+        parameters["lm_head.weight"] = head.weight
+    for name, stored in tensors.items():
+        if name in parameters:
+            if parameters[name].shape != stored.shape:
+                raise EdgepathError(f"{checkpoint}: {name} is {tuple(stored.shape)}, the model's is "
+                                    f"{tuple(parameters[name].shape)}")
+            parameters[name].data = stored.to(torch.float32)
     for prefix in prefixes:
         module = model.get_submodule(prefix)
         weight = layer.from_tensors(tensors, prefix).dequantize()
@@ -424,13 +437,18 @@ class VllmCheckpointPath(WeightPath):
 
         spec, model_dir = self.spec, built.model_dir
         kept_weights = sum(built.model.get_submodule(p).weight.numel() for p in built.kept)
-        built.model = None  # vLLM loads the checkpoint next: the PyTorch model's memory goes back first
         tensors_to_save: dict[str, torch.Tensor] = {}
         for f in hf_model.weight_files(model_dir):
             with safe_open(f, "pt") as sf:
                 for name in sf.keys():
                     if name.removesuffix(".weight") not in built.layers:
                         tensors_to_save[name] = sf.get_tensor(name)
+        if report["rotation"]:  # the unquantized tensors are the rotated model's, its head its own
+            rotated = built.model.state_dict()
+            dtype = next(iter(tensors_to_save.values())).dtype
+            tensors_to_save = {name: rotated[name].to(dtype).contiguous() for name in rotated
+                               if name.removesuffix(".weight") not in built.layers}
+        built.model = None  # vLLM loads the checkpoint next: the PyTorch model's memory goes back first
         stored_bits = 0
         for prefix, q in built.layers.items():
             for name, t in _pack(spec, prefix, q).items():
@@ -446,8 +464,8 @@ class VllmCheckpointPath(WeightPath):
                                                             report["algorithm"]["true_sequential"])
         if built.kept:  # GPTQModel's per-module override, which vLLM reads: "-:" + regex skips the module
             config["quantization_config"]["dynamic"] = {f"-:{re.escape(p)}": {} for p in built.kept}
-        if settings.head == "int4":
-            config["tie_word_embeddings"] = False  # the bf16 table stays for lookups
+        if settings.head == "int4" or report["rotation"]:
+            config["tie_word_embeddings"] = False  # the bf16 table stays for lookups; a rotated head is its own
         with records.output_directory(out, "quantization", sources=[model_dir]) as scratch:
             save_file(tensors_to_save, str(scratch / WEIGHTS_NAME), metadata={"format": "pt"})
             (scratch / "config.json").write_text(json.dumps(config, indent=2) + "\n")

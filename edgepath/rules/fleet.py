@@ -177,7 +177,7 @@ def _check_paths(name: str, section: Mapping[str, Any], where: str) -> None:
     stage = _PATH_LISTS.get(name)
     if stage is None:
         return
-    for key in ("paths", "true_sequential"):
+    for key in ("paths", "true_sequential", "rotate"):
         for i, path in enumerate(section.get(key) or []):
             if path not in weight_paths.built_by(stage):
                 raise EdgepathError(f"{where}: {name}.{key}.{i}: {path!r} is not one of the paths the {stage.value} "

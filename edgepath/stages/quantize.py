@@ -79,6 +79,9 @@ class Settings:
     perplexity, four +7.98 %, each at 0.094 more bits per weight (docs/quantize.md)."""
     true_sequential: tuple[str, ...] = ()
     """Paths whose GPTQ runs its own true-sequential pass instead of the shared Hessians."""
+    rotate: tuple[str, ...] = ()
+    """Paths whose model is rotated before GPTQ (``quant.rotation``: norms folded, R1, R2),
+    drawn from the calibration's seed."""
     calibration: Calibration = Calibration()
     search: str = Gptq.search
     damp: float = Gptq.damp
@@ -88,7 +91,7 @@ class Settings:
     def from_params(cls, quantize: dict[str, Any] | None = None, calibration: dict[str, Any] | None = None,
                     where: str = "params", **overrides: Any) -> "Settings":
         """``quantize``: params.yaml's ``quantize`` namespace (``{paths, head,
-        w4a8_bf16_down_proj, true_sequential, gptq: {search, damp, group_order}}``; its
+        w4a8_bf16_down_proj, true_sequential, rotate, gptq: {search, damp, group_order}}``; its
         ``eval`` is the calibrate stage's); ``calibration``: its ``calibration`` namespace
         (``fleet.Calibration``). Absent keys keep their defaults. ``overrides`` (the command
         line's flags; None: not given) replace their keys: ``search`` (gptq), ``head``.
@@ -113,8 +116,9 @@ class Settings:
         for key in ("head", "w4a8_bf16_down_proj"):
             if key in quantize:
                 flat[key] = quantize[key]
-        if "true_sequential" in quantize:
-            flat["true_sequential"] = tuple(quantize["true_sequential"])
+        for key in ("true_sequential", "rotate"):
+            if key in quantize:
+                flat[key] = tuple(quantize[key])
         return cls(**flat)
 
 
@@ -179,6 +183,12 @@ def run(model_dir: str | Path, path: str, out: str | Path, calibrated: str | Pat
 
     hessians = None if path in settings.true_sequential else shared.hessians()  # every file checked up front
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True).eval()
+    rotation = None
+    if path in settings.rotate:  # before the copies below: GPTQ and its report see the rotated weights
+        from ..quant.rotation import rotate
+
+        rotation = rotate(model, text.seed)
+        hessians = hessians and rotation.hessians(hessians)
     original = {n: p.detach().clone() for n, p in model.named_parameters()
                 if n.removesuffix(".weight") in layers}
     if "lm_head" in layers and "lm_head.weight" not in original:
@@ -221,6 +231,7 @@ def run(model_dir: str | Path, path: str, out: str | Path, calibrated: str | Pat
                              reference["length"], reference["held_out"]),
         "tensors": tensors,
         "versions": records.versions("torch", "transformers", "safetensors"),
+        "rotation": rotation and rotation.record(),
         "gptq_time_s": round(gptq_time, 1),
         **usage.cost(started),
         **path_fields,
