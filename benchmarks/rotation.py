@@ -16,6 +16,7 @@ benchmarks/results/rotation.{json,csv}.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -26,6 +27,8 @@ from .common import RESULTS, ROOT, host, params_with, quantize_arm, stage, today
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", default=str(ROOT / "build" / "bench" / "rotation"))
+    parser.add_argument("--reuse", action="store_true",
+                        help="keep the rows of the last run (rotation.json) whose build is still in --work")
     args = parser.parse_args()
 
     from edgepath.core import records
@@ -40,14 +43,22 @@ def main() -> None:
         stage("calibrate", "--model", str(model_record), "--out", str(calibration), "--params",
               str(ROOT / "params.yaml"))
     calibrated = records.read(calibration / "calibration.json", "calibration")
+    earlier = {}
+    if args.reuse and (RESULTS / "rotation.json").is_file():
+        earlier = {r["arm"]: r for r in json.loads((RESULTS / "rotation.json").read_text())["rows"]}
     rows = []
     for path in fleet.namespace(str(ROOT / "params.yaml"), "quantize")["paths"]:
         for rotated in (False, True):
             arm = f"{path}/{'rotated' if rotated else 'plain'}"
             print(f"\n== {arm} ==", file=sys.stderr, flush=True)
             params = params_with(work / f"{arm}.yaml", quantize={"rotate": [path] if rotated else []})
-            rows.append({"arm": arm, "path": path, "rotation": "R1+R2" if rotated else "none",
-                         **quantize_arm(model_record, calibration, path, work / arm, params)})
+            if arm in earlier and (work / arm / records.FILE_NAMES["quantization"]).is_file():
+                figures = {k: v for k, v in earlier[arm].items() if k not in ("arm", "path", "rotation")}
+            else:
+                figures = quantize_arm(model_record, calibration, path, work / arm, params)
+            # a rotated build of a model whose head is tied stores the head apart
+            figures["artifact_bytes"] = sum(f.stat().st_size for f in (work / arm).rglob("*") if f.is_file())
+            rows.append({"arm": arm, "path": path, "rotation": "R1+R2" if rotated else "none", **figures})
             print("  ".join(f"{k}={v}" for k, v in rows[-1].items()), flush=True)
     meta = {"command": "python -m benchmarks.rotation", "date": today(), "host": host(),
             "calibration": calibrated["calibration"] | {"documents": len(calibrated["calibration"]["documents"])},

@@ -208,3 +208,31 @@ def test_a_checkpoint_in_another_convention_fails_the_check(w4a8_checkpoint, def
     check = _ran(records.read(out, "engine_check"))
     assert check["ran_kernel"] and not check["passed"]
     assert check["against"]["dequantized"]["teacher_forced_top1_agreement"] < 0.5
+
+
+def test_a_rotated_build_carries_its_own_head_and_norms_and_vllm_reproduces_it(shared_calibration, default_model,
+                                                                                tmp_path):
+    """quantize.rotate: the checkpoint's unquantized tensors are the rotated model's (norms
+    folded to 1, the table rotated, the head untied and bf16), and the engine check in
+    vLLM passes against the checkpoint's own weights."""
+    import yaml
+
+    calibrated, params = shared_calibration
+    settings = yaml.safe_load(params.read_text())
+    settings["quantize"] = {**settings["quantize"], "head": "bf16", "rotate": ["w4a16-tinygemm"]}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(settings))
+    out = tmp_path / "w4a16-tinygemm"
+    edgepath_command("quantize", "--model", str(default_model / "model.json"), "--calibration", str(calibrated),
+                     "--path", "w4a16-tinygemm", "--out", str(out), "--params", str(tmp_path / "params.yaml"))
+    report = records.read(out / "quantization_report.json", "quantization")
+    assert report["rotation"] == {"rotations": ["R1", "R2"], "kind": "random Hadamard",
+                                  "seed": settings.get("calibration", {}).get("seed", 0)}
+    check = records.read(out / "engine_check.json", "engine_check")
+    assert check["passed"], check
+    config = json.loads((out / "config.json").read_text())
+    assert config["tie_word_embeddings"] is False
+    with safe_open(out / "model.safetensors", "pt") as f, \
+            safe_open(default_model / "hf" / "model.safetensors", "pt") as source:
+        assert f.get_tensor("lm_head.weight").dtype == torch.bfloat16
+        assert bool((f.get_tensor("model.norm.weight") == 1).all())
+        assert not torch.equal(f.get_tensor("model.embed_tokens.weight"), source.get_tensor("model.embed_tokens.weight"))
