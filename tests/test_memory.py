@@ -94,6 +94,15 @@ def test_a_need_is_its_parts_and_its_kv_cache_grows_with_the_context():
     assert vllm["runtime_bytes"] > short["runtime_bytes"] > 0
 
 
+def test_a_built_artifact_s_size_replaces_the_estimate_and_decides_the_fit():
+    estimated = _select(CPU, engine="llama.cpp", context=1024).memory
+    spare = estimated["have_bytes"] - estimated["need_bytes"]
+    built = memory.with_built_weights(estimated, estimated["weights_bytes"] + spare + 1, "the built model.gguf")
+    assert built["need_bytes"] == built["weights_bytes"] + built["kv_cache_bytes"] + built["runtime_bytes"]
+    assert not built["fits"] and built["weights_from"] == "the built model.gguf"
+    assert memory.with_built_weights(estimated, estimated["weights_bytes"] + spare, "f")["fits"]
+
+
 def test_a_4gb_phone_gets_its_program_and_a_smaller_phone_the_4bit_one():
     faithful = _select(PHONE, "fidelity")
     assert faithful.name == "w8a8-xnnpack" and faithful.memory["fits"]

@@ -174,10 +174,10 @@ def capacity(profile: HardwareProfile) -> Capacity:
     return Capacity(profile.ram_total_bytes, "RAM")
 
 
-def need(spec: WeightPathSpec, group: int | None, model: ModelShape, context: int, profile: HardwareProfile,
-         weights: int | None = None, weights_from: str = "estimated from the model's shapes") -> MemoryNeed:
-    """``spec``'s need on ``profile``'s device at ``context`` tokens; ``weights``: the
-    built artifact's bytes (``weights_from`` names it), else estimated."""
+def need(spec: WeightPathSpec, group: int | None, model: ModelShape, context: int,
+         profile: HardwareProfile) -> MemoryNeed:
+    """``spec``'s need on ``profile``'s device at ``context`` tokens, its weights estimated
+    from the model's shapes (``with_built_weights`` counts a built artifact's)."""
     if context < 1:
         raise EdgepathError(f"a context of {context} tokens: it must be at least 1")
     on_gpu = device_class(profile) is DeviceClass.GPU
@@ -185,13 +185,21 @@ def need(spec: WeightPathSpec, group: int | None, model: ModelShape, context: in
     if spec.engine is Engine.VLLM and not on_gpu:
         kv = max(kv, VLLM_CPU_KV_SPACE_GIB * GIB)
     runtime = runtime_memory(spec.engine, on_gpu)
-    return MemoryNeed(weights_bytes(spec, group, model) if weights is None else weights, kv,
-                      runtime.bytes if runtime else 0, context, runtime.measured if runtime else None, weights_from)
+    return MemoryNeed(weights_bytes(spec, group, model), kv, runtime.bytes if runtime else 0, context,
+                      runtime.measured if runtime else None, "estimated from the model's shapes")
 
 
 def record(found: MemoryNeed, have: Capacity) -> dict[str, Any]:
     """The selection record's ``path.memory``: the need, what the device has, and whether it fits."""
     return {**found.to_dict(), "have_bytes": have.bytes, "have": have.what, "fits": found.total <= have.bytes}
+
+
+def with_built_weights(found: Mapping[str, Any], weights: int, weights_from: str) -> dict[str, Any]:
+    """A ``record`` whose weights were estimated, with the built artifact's ``weights``
+    bytes in their place (``weights_from`` names the files)."""
+    total = found["need_bytes"] - found["weights_bytes"] + weights
+    return {**found, "weights_bytes": weights, "need_bytes": total, "fits": total <= found["have_bytes"],
+            "weights_from": weights_from}
 
 
 def _gib(n: int) -> str:

@@ -38,7 +38,7 @@ from ..core import records
 from ..core.command import Command, printable
 from ..core.errors import EdgepathError
 from ..core.files import sha256_file
-from ..rules import coverage, versions
+from ..rules import coverage, memory, versions
 from ..rules.fleet import Params
 from ..paths import of as family
 from ..rules.weight_paths import Stage
@@ -186,10 +186,8 @@ def _memory(selection: dict[str, Any], artifacts: list[dict[str, Any]]) -> dict[
     weights = [a for a in artifacts if a["name"].endswith(_WEIGHT_FILES)]
     if need is None or not weights:
         return need
-    built = sum(a["size"] for a in weights)
-    total = need["need_bytes"] - need["weights_bytes"] + built
-    return {**need, "weights_bytes": built, "need_bytes": total, "fits": total <= need["have_bytes"],
-            "weights_from": f"the built {', '.join(a['name'] for a in weights)}"}
+    return memory.with_built_weights(need, sum(a["size"] for a in weights),
+                                     f"the built {', '.join(a['name'] for a in weights)}")
 
 
 def _verification(selection: dict[str, Any], verify_dir: Path, export: dict[str, Any] | None,
